@@ -1,0 +1,5 @@
+import sys
+
+from dynspec.cli import main
+
+sys.exit(main())

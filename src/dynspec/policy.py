@@ -1,0 +1,637 @@
+"""Policies: before each decode step, speculate or decode plainly.
+
+Every policy answers `decide(batch_size) -> bool` before a step and learns from
+`observe(StepRecord)` after it.  The same objects run inside the patched SGLang
+server (one copy per tensor-parallel rank), the simulator and the emulator.
+
+Tensor-parallel safety: every rank must take the same decision at every step, or
+the collectives hang.  So a decision may depend only on what every rank sees
+identically (batch size, accepted-token counts, a profile read at start, the step
+counter) or on values the ranks agreed on through the `sync` hook the caller
+supplies.  Local wall-clock step times never reach a decision directly.
+
+Policies are built from one spec string, the same in the CLI, configs and the
+server's environment (DYNSPEC_POLICY):
+
+    always | never
+    threshold:32 | threshold:on=24,off=32,dwell=50
+    table:1-63=on,64-=off[,dwell=N]
+    sglang-default-tiers
+    goodput | goodput:profile=PATH,probe=200,dwell=8,margin=0.02,sync_every=64
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from typing import Callable, NamedTuple, Sequence
+
+log = logging.getLogger("dynspec.policy")
+
+# Averages a flat list of floats across ranks (an all-reduce mean) and returns it.
+SyncHook = Callable[[list[float]], list[float]]
+
+
+class PolicySpecError(ValueError):
+    """A policy spec string that cannot be built; the message names the bad part."""
+
+
+class StepRecord(NamedTuple):
+    """What happened in one decode step (a tuple: cheap to build on the hot path)."""
+
+    batch_size: int
+    speculated: bool
+    accepted: Sequence[int] = ()  # accepted draft tokens per request (bonus token not counted)
+    step_time_s: float | None = None  # local wall time; not rank-consistent
+
+
+class Policy:
+    """Base class: speculate (True) or decode plainly (False) before each step."""
+
+    name = "policy"
+
+    def decide(self, batch_size: int) -> bool:
+        raise NotImplementedError
+
+    def observe(self, rec: StepRecord) -> None:
+        pass
+
+    def reason(self, batch_size: int) -> str:
+        """Why the current mode; called only when the mode switches."""
+        return self.name
+
+    def spec(self) -> str:
+        """The spec string that rebuilds this policy."""
+        return self.name
+
+
+class Always(Policy):
+    name = "always"
+
+    def decide(self, batch_size: int) -> bool:
+        return True
+
+
+class Never(Policy):
+    name = "never"
+
+    def decide(self, batch_size: int) -> bool:
+        return False
+
+
+class _Dwell:
+    """Holds a mode for at least `dwell` steps after every switch."""
+
+    __slots__ = ("dwell", "mode", "step", "switched_at")
+
+    def __init__(self, dwell: int, mode: bool):
+        self.dwell = dwell
+        self.mode = mode
+        self.step = 0
+        self.switched_at = -(1 << 62)  # the first switch may come at any step
+
+    def want(self, mode: bool) -> bool:
+        self.step += 1
+        if mode != self.mode and self.step - self.switched_at >= self.dwell:
+            self.mode = mode
+            self.switched_at = self.step
+        return self.mode
+
+
+class Threshold(Policy):
+    """Speculate while the batch is small: off above `off`, back on at or below `on`."""
+
+    name = "threshold"
+
+    def __init__(self, on: int, off: int, dwell: int = 16):
+        if on < 0 or off < on:
+            raise PolicySpecError(f"threshold: need 0 <= on <= off, got on={on}, off={off}")
+        if dwell < 0:
+            raise PolicySpecError(f"threshold: dwell must be >= 0, got {dwell}")
+        self.on, self.off = on, off
+        self._dwell = _Dwell(dwell, True)
+
+    def decide(self, batch_size: int) -> bool:
+        mode = self._dwell.mode
+        if mode and batch_size > self.off:
+            mode = False
+        elif not mode and batch_size <= self.on:
+            mode = True
+        return self._dwell.want(mode)
+
+    def reason(self, batch_size: int) -> str:
+        return f"threshold on<={self.on} off>{self.off}: batch {batch_size}"
+
+    def spec(self) -> str:
+        return f"threshold:on={self.on},off={self.off},dwell={self._dwell.dwell}"
+
+
+class Table(Policy):
+    """A batch-size -> on/off table (the shape vLLM, TensorRT-LLM and SGLang share)."""
+
+    name = "table"
+
+    def __init__(self, ranges: Sequence[tuple[int, int | None, bool]], dwell: int = 0):
+        # ranges: (low, high or None for open-ended, on), sorted and covering 1..inf.
+        self.ranges = list(ranges)
+        self._lows = [lo for lo, _, _ in self.ranges]
+        self._on = [on for _, _, on in self.ranges]
+        self._dwell = _Dwell(dwell, self._on[0])
+
+    def lookup(self, batch_size: int) -> bool:
+        i = bisect.bisect_right(self._lows, batch_size) - 1
+        return self._on[max(i, 0)]
+
+    def decide(self, batch_size: int) -> bool:
+        return self._dwell.want(self.lookup(batch_size))
+
+    def reason(self, batch_size: int) -> str:
+        return f"table: batch {batch_size} -> {'on' if self.lookup(batch_size) else 'off'}"
+
+    def spec(self) -> str:
+        parts = [f"{lo}-{'' if hi is None else hi}={'on' if on else 'off'}" for lo, hi, on in self.ranges]
+        return "table:" + ",".join(parts) + f",dwell={self._dwell.dwell}"
+
+
+# --- SGLang 0.5.23's adaptive tiers, as a policy ------------------------------------
+# Behaviour modelled on sglang/srt/speculative/adaptive_spec_params.py (0.5.23):
+# per batch-size tier a set of candidate step counts, an EMA of accepted drafts, and
+# a step count that moves one candidate down when the EMA falls below
+# (next lower step - 0.5 + down_hysteresis) and up when it exceeds (current - 0.5 +
+# up_hysteresis), re-evaluated every `update_interval` steps after a warm-up.
+# Zero steps means no speculation; from zero it probes the smallest positive step.
+
+SGLANG_DEFAULT_TIERS: dict[int, dict] = {
+    1: {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
+    8: {"candidate_steps": [0, 1, 3]},
+    32: {"candidate_steps": [0, 1]},
+    64: {"candidate_steps": [0]},
+}
+
+
+class _Tier:
+    __slots__ = ("candidates", "steps", "ema", "count", "alpha", "interval", "warmup", "down", "up")
+
+    def __init__(self, initial_steps: int, cfg: dict):
+        self.candidates = sorted(set(cfg["candidate_steps"]))
+        self.alpha = cfg.get("ema_alpha", 0.2)
+        self.interval = cfg.get("update_interval", 5)
+        self.warmup = cfg.get("warmup_batches", 10)
+        self.down = cfg.get("down_hysteresis", 0.0)
+        self.up = cfg.get("up_hysteresis", 0.0)
+        mid = self.candidates[len(self.candidates) // 2]
+        self.steps = initial_steps if initial_steps in self.candidates else mid
+        self.ema = float(self.steps - 1)
+        self.count = 0
+
+    def update(self, mean_accepted: float) -> None:
+        if self.steps > 0:
+            self.ema += self.alpha * (mean_accepted - self.ema)
+        self.count += 1
+        if self.count > self.warmup and (self.count - self.warmup) % self.interval == 0:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        i = self.candidates.index(self.steps)
+        if self.steps == 0:
+            i = min(i + 1, len(self.candidates) - 1)
+            if self.candidates[i] > 0 and self.ema < 0:
+                self.ema = float(self.candidates[i] - 1)
+            self.steps = self.candidates[i]
+            return
+        start = i
+        while i > 0:
+            lower = self.candidates[i - 1]
+            drop = (0.5 if lower == 0 else lower - 0.5) + self.down
+            if self.ema > drop:
+                break
+            i -= 1
+        if i == start:
+            while i < len(self.candidates) - 1 and self.ema > self.candidates[i] - 0.5 + self.up:
+                i += 1
+        self.steps = self.candidates[i]
+
+
+class SglangTiers(Policy):
+    """SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG reduced to on/off (steps > 0)."""
+
+    name = "sglang-default-tiers"
+
+    def __init__(self, initial_steps: int = 3, tiers: dict[int, dict] | None = None):
+        tiers = tiers or SGLANG_DEFAULT_TIERS
+        self._keys = sorted(tiers)
+        self._tiers = [_Tier(initial_steps, tiers[k]) for k in self._keys]
+        self.initial_steps = initial_steps
+
+    def _tier(self, batch_size: int) -> _Tier:
+        return self._tiers[max(bisect.bisect_right(self._keys, batch_size) - 1, 0)]
+
+    def steps_for(self, batch_size: int) -> int:
+        return self._tier(batch_size).steps
+
+    def decide(self, batch_size: int) -> bool:
+        return self._tier(batch_size).steps > 0
+
+    def observe(self, rec: StepRecord) -> None:
+        acc = rec.accepted
+        self._tier(rec.batch_size).update(sum(acc) / len(acc) if acc else 0.0)
+
+    def reason(self, batch_size: int) -> str:
+        t = self._tier(batch_size)
+        return f"sglang tier {self._keys[self._tiers.index(t)]}: steps={t.steps} ema_accepted={t.ema:.2f}"
+
+    def spec(self) -> str:
+        return f"sglang-default-tiers:steps={self.initial_steps}"
+
+
+# --- goodput: dynspec's own ---------------------------------------------------------
+
+# Batch-size buckets: fine where batches are small, geometric above.
+BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def _bucket_slow(batch_size: int) -> int:
+    return max(bisect.bisect_right(BUCKET_EDGES, batch_size) - 1, 0)
+
+
+_BUCKETS = [_bucket_slow(i) for i in range(BUCKET_EDGES[-1] + 1)]
+_LAST_BUCKET = len(BUCKET_EDGES) - 1
+
+
+def bucket_of(batch_size: int) -> int:
+    """Index of the bucket holding batch_size (a table lookup on the hot path)."""
+    return _BUCKETS[batch_size] if 0 <= batch_size < len(_BUCKETS) else _LAST_BUCKET
+
+
+def bucket_mid(b: int) -> float:
+    """A representative batch size of bucket b (geometric middle)."""
+    lo = BUCKET_EDGES[b]
+    hi = BUCKET_EDGES[b + 1] - 1 if b + 1 < len(BUCKET_EDGES) else lo
+    return math.sqrt(lo * hi)
+
+
+class Goodput(Policy):
+    """Speculate when it is expected to give more output tokens per second.
+
+    Per batch-size bucket it keeps an EMA of accepted draft tokens per request and,
+    per mode, an estimate of the step time; expected goodput per request is
+    (1 + accepted) / t_spec against 1 / t_plain.  Step times start from a profile
+    when given and are refined by measured times that the ranks agreed on (`sync`).
+    Without a profile, a mode never seen in a bucket is explored first.  Now and
+    then (every `probe` steps in a bucket at most) it takes the other mode for one
+    step so its estimates stay honest; a switch needs a `margin` advantage and is
+    held for `dwell` steps.
+    """
+
+    name = "goodput"
+
+    def __init__(
+        self,
+        profile=None,
+        *,
+        sync: SyncHook | None = None,
+        sync_every: int = 64,
+        use_times: bool = True,
+        probe: int = 200,
+        dwell: int = 8,
+        margin: float = 0.02,
+        alpha: float = 0.1,
+        min_samples: int = 2,
+        spec_text: str = "goodput",
+    ):
+        if probe < 2 or dwell < 0 or not 0 <= margin < 1 or not 0 < alpha <= 1 or sync_every < 1:
+            raise PolicySpecError(
+                f"goodput: need probe>=2, dwell>=0, 0<=margin<1, 0<alpha<=1, sync_every>=1 "
+                f"(got probe={probe}, dwell={dwell}, margin={margin}, alpha={alpha}, sync_every={sync_every})"
+            )
+        n = len(BUCKET_EDGES)
+        self._spec_text = spec_text
+        self.profile = profile
+        self.sync = sync  # None: one process, whose own step times are agreed by definition
+        self.sync_every = sync_every
+        self.use_times = use_times
+        self.probe, self.margin, self.alpha, self.min_samples = probe, margin, alpha, min_samples
+        # [mode][bucket], mode 0 = plain, 1 = spec
+        self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
+        self.n_seen: list[list[int]] = [[0] * n, [0] * n]
+        self.acc_est: list[float | None] = [None] * n
+        self.acc_global: float | None = None
+        if profile is not None:
+            self.acc_global = profile.acceptance.mean_accepted
+            for b in range(n):
+                bs = bucket_mid(b)
+                self.t_est[0][b] = profile.plain_time(bs)
+                self.t_est[1][b] = profile.spec_time(bs)
+        # Times measured since the last sync: [mode][bucket] sum and count.
+        self._t_sum = [[0.0] * n, [0.0] * n]
+        self._t_cnt = [[0] * n, [0] * n]
+        self._in_bucket = [0] * n  # decisions taken in each bucket
+        self._last_seen = [[0] * n, [0] * n]  # _in_bucket when a mode last ran there
+        self._choice = [True] * n
+        self._dwell = _Dwell(dwell, True)
+        self._step = 0
+        self._probing = False
+        for b in range(n):
+            self._refresh(b)
+
+    # Decision ----------------------------------------------------------------------
+    def _gain(self, b: int) -> float | None:
+        """Expected spec/plain goodput ratio in bucket b, None while unknown."""
+        tp, ts = self.t_est[0][b], self.t_est[1][b]
+        acc = self.acc_est[b] if self.acc_est[b] is not None else self.acc_global
+        if tp is None or ts is None or acc is None:
+            return None
+        return (1.0 + acc) * tp / ts
+
+    def _refresh(self, b: int) -> None:
+        g = self._gain(b)
+        if g is None:
+            return
+        cur = self._choice[b]
+        # Hysteresis: leave the current choice only for a margin's worth of gain.
+        self._choice[b] = g > (1.0 - self.margin) if cur else g > (1.0 + self.margin)
+
+    def decide(self, batch_size: int) -> bool:
+        self._step += 1
+        b = bucket_of(batch_size)
+        seen = self.n_seen
+        # Explore a mode with no agreed estimate in this bucket yet (no profile).
+        if self.t_est[1][b] is None or (self.acc_est[b] is None and self.acc_global is None):
+            if seen[1][b] < self.min_samples:
+                return self._take(True, b)
+        if self.t_est[0][b] is None and seen[0][b] < self.min_samples:
+            return self._take(False, b)
+        mode = self._dwell.want(self._choice[b])
+        # Probe clocks count steps spent in this bucket, so a bucket visited rarely is not
+        # probed on every visit: probes stay within 1/probe of the steps plus one per bucket.
+        self._in_bucket[b] += 1
+        if self._in_bucket[b] - self._last_seen[not mode][b] >= self.probe:
+            return self._take(not mode, b, probe=True)
+        self._last_seen[mode][b] = self._in_bucket[b]
+        self._probing = False
+        return mode
+
+    def _take(self, mode: bool, b: int, probe: bool = False) -> bool:
+        self._last_seen[mode][b] = self._in_bucket[b]
+        self._probing = probe
+        return mode
+
+    # Learning ----------------------------------------------------------------------
+    def observe(self, rec: StepRecord) -> None:
+        bs, speculated, accepted, t = rec
+        b = bucket_of(bs)
+        m = 1 if speculated else 0
+        self.n_seen[m][b] += 1
+        changed = False
+        if speculated and accepted:
+            a = sum(accepted) / len(accepted)
+            prev, g = self.acc_est[b], self.acc_global
+            self.acc_est[b] = a if prev is None else prev + self.alpha * (a - prev)
+            self.acc_global = a if g is None else g + self.alpha * (a - g)
+            changed = True
+        if t is not None and self.use_times:
+            if self.sync is None:  # one process: its own times are the agreed ones
+                prev = self.t_est[m][b]
+                self.t_est[m][b] = t if prev is None else prev + self.alpha * (t - prev)
+                changed = True
+            else:
+                self._t_sum[m][b] += t
+                self._t_cnt[m][b] += 1
+        if changed:
+            self._refresh(b)
+        if self.sync is not None and self._step % self.sync_every == 0:
+            self._agree()
+
+    def _agree(self) -> None:
+        """Fold measured step times into the estimates, after the ranks agree on them."""
+        cnt, n = self._t_cnt, len(BUCKET_EDGES)
+        flat = self.sync(self._t_sum[0] + self._t_sum[1])  # rank-mean of the sums
+        if len(flat) != 2 * n:
+            raise RuntimeError(f"sync hook returned {len(flat)} values, expected {2 * n}")
+        sums = [flat[:n], flat[n:]]
+        for m in (0, 1):
+            for b, c in enumerate(cnt[m]):
+                if c:
+                    mean = sums[m][b] / c
+                    prev = self.t_est[m][b]
+                    w = 1.0 - (1.0 - self.alpha) ** c
+                    self.t_est[m][b] = mean if prev is None else prev + w * (mean - prev)
+                    cnt[m][b] = 0
+                    self._t_sum[m][b] = 0.0
+                    self._refresh(b)
+
+    def reason(self, batch_size: int) -> str:
+        b = bucket_of(batch_size)
+        g = self._gain(b)
+        what = "probe" if self._probing else "goodput"
+        if g is None:
+            return f"{what}: exploring bucket {BUCKET_EDGES[b]}+"
+        return f"{what}: spec/plain = {g:.2f} in bucket {BUCKET_EDGES[b]}+"
+
+    def spec(self) -> str:
+        return self._spec_text
+
+
+class FailSafePolicy(Policy):
+    """Wraps a policy: if it raises, speculate as configured for the rest of the run."""
+
+    def __init__(self, inner: Policy, logger: logging.Logger | None = None):
+        self.inner = inner
+        self.name = inner.name
+        self.failed = False
+        self._log = logger or log
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.failed = True
+        self._log.warning(
+            "dynspec policy %s failed in %s (%s: %s); speculating as configured for the rest of the run",
+            self.inner.name, where, type(exc).__name__, exc,
+        )
+
+    def decide(self, batch_size: int) -> bool:
+        if self.failed:
+            return True
+        try:
+            return bool(self.inner.decide(batch_size))
+        except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
+            self._fail("decide", exc)
+            return True
+
+    def observe(self, rec: StepRecord) -> None:
+        if self.failed:
+            return
+        try:
+            self.inner.observe(rec)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("observe", exc)
+
+    def reason(self, batch_size: int) -> str:
+        if self.failed:
+            return "fail-safe: policy raised, speculating as configured"
+        try:
+            return self.inner.reason(batch_size)
+        except Exception:  # noqa: BLE001
+            return self.inner.name
+
+    def spec(self) -> str:
+        return self.inner.spec()
+
+
+# --- spec strings ---------------------------------------------------------------------
+
+POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput")
+
+
+def _int(spec: str, key: str, value: str, lo: int = 0) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not an integer") from None
+    if v < lo:
+        raise PolicySpecError(f"{spec!r}: {key}={v} must be >= {lo}")
+    return v
+
+
+def _float(spec: str, key: str, value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not a number") from None
+    if not math.isfinite(v):
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not a finite number")
+    return v
+
+
+def _options(spec: str, body: str, allowed: dict[str, str]) -> dict[str, str]:
+    """Parse 'k=v,k=v' checking every key against `allowed` (key -> description)."""
+    out: dict[str, str] = {}
+    for part in body.split(","):
+        if "=" not in part:
+            raise PolicySpecError(f"{spec!r}: expected key=value, got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in allowed:
+            raise PolicySpecError(f"{spec!r}: unknown option {key!r} (known: {', '.join(allowed)})")
+        if key in out:
+            raise PolicySpecError(f"{spec!r}: option {key!r} given twice")
+        if not value:
+            raise PolicySpecError(f"{spec!r}: option {key!r} has no value")
+        out[key] = value
+    return out
+
+
+def _threshold(spec: str, body: str) -> Threshold:
+    if not body:
+        raise PolicySpecError(f"{spec!r}: threshold needs a batch size, e.g. threshold:32")
+    if "=" not in body:
+        n = _int(spec, "threshold", body, lo=0)
+        return Threshold(n, n)
+    o = _options(spec, body, {"on": "", "off": "", "dwell": ""})
+    if "on" not in o and "off" not in o:
+        raise PolicySpecError(f"{spec!r}: threshold needs on= and/or off=")
+    on = _int(spec, "on", o.get("on", o.get("off", "0")))
+    off = _int(spec, "off", o.get("off", o.get("on", "0")))
+    if off < on:
+        raise PolicySpecError(f"{spec!r}: off={off} is below on={on}; hysteresis needs on <= off")
+    dwell = _int(spec, "dwell", o["dwell"]) if "dwell" in o else 16
+    return Threshold(on, off, dwell)
+
+
+def _table(spec: str, body: str) -> Table:
+    if not body:
+        raise PolicySpecError(f"{spec!r}: table needs ranges, e.g. table:1-63=on,64-=off")
+    ranges: list[tuple[int, int | None, bool]] = []
+    dwell = 0
+    for part in body.split(","):
+        if "=" not in part:
+            raise PolicySpecError(f"{spec!r}: expected RANGE=on|off, got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key == "dwell":
+            dwell = _int(spec, "dwell", value)
+            continue
+        if value not in ("on", "off"):
+            raise PolicySpecError(f"{spec!r}: range {key!r} must be =on or =off, got {value!r}")
+        lo_s, dash, hi_s = key.partition("-")
+        lo = _int(spec, "range start", lo_s, lo=1)
+        hi = (_int(spec, "range end", hi_s, lo=1) if hi_s else None) if dash else lo
+        if hi is not None and hi < lo:
+            raise PolicySpecError(f"{spec!r}: range {key!r} ends before it starts")
+        ranges.append((lo, hi, value == "on"))
+    if not ranges:
+        raise PolicySpecError(f"{spec!r}: table has no ranges")
+    ranges.sort(key=lambda r: r[0])
+    expect = 1
+    for lo, hi, _ in ranges:
+        if expect is None:
+            raise PolicySpecError(f"{spec!r}: range starting at {lo} follows an open-ended range")
+        if lo != expect:
+            what = "overlap" if lo < expect else f"a gap at batch sizes {expect}-{lo - 1}"
+            raise PolicySpecError(f"{spec!r}: ranges have {what}")
+        expect = None if hi is None else hi + 1
+    if expect is not None:
+        raise PolicySpecError(f"{spec!r}: table does not cover batch sizes {expect}- (end with an open range like {expect}-=off)")
+    return Table(ranges, dwell)
+
+
+_GOODPUT_OPTS = {
+    "profile": "step-cost profile (name or path)",
+    "probe": "steps between probes of the other mode",
+    "dwell": "minimum steps between switches",
+    "margin": "relative advantage needed to switch",
+    "alpha": "EMA weight",
+    "sync_every": "steps between rank agreements on step times",
+    "times": "use measured step times (1/0)",
+}
+
+
+def _goodput(spec: str, body: str, profile, sync: SyncHook | None) -> Goodput:
+    o = _options(spec, body, _GOODPUT_OPTS) if body else {}
+    if "profile" in o:
+        from dynspec.profile import ProfileError, load_profile
+
+        try:
+            profile = load_profile(o["profile"])
+        except ProfileError as exc:
+            raise PolicySpecError(f"{spec!r}: {exc}") from None
+    kw: dict = {}
+    for key in ("probe", "dwell", "sync_every"):
+        if key in o:
+            kw[key] = _int(spec, key, o[key])
+    for key in ("margin", "alpha"):
+        if key in o:
+            kw[key] = _float(spec, key, o[key])
+    if "times" in o:
+        if o["times"] not in ("0", "1"):
+            raise PolicySpecError(f"{spec!r}: times must be 0 or 1, got {o['times']!r}")
+        kw["use_times"] = o["times"] == "1"
+    if profile is None and not kw.get("use_times", True):
+        raise PolicySpecError(f"{spec!r}: goodput with times=0 needs a profile")
+    return Goodput(profile, sync=sync, spec_text=spec, **kw)
+
+
+def build_policy(spec: str, *, profile=None, sync: SyncHook | None = None, initial_steps: int = 3) -> Policy:
+    """Build a policy from its spec string; raise PolicySpecError naming the bad part."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicySpecError("empty policy spec (try: goodput, threshold:32, table:1-63=on,64-=off)")
+    spec = spec.strip()
+    name, _, body = spec.partition(":")
+    name, body = name.strip(), body.strip()
+    if name in ("always", "never"):
+        if body:
+            raise PolicySpecError(f"{spec!r}: {name} takes no options")
+        return Always() if name == "always" else Never()
+    if name == "threshold":
+        return _threshold(spec, body)
+    if name == "table":
+        return _table(spec, body)
+    if name == "sglang-default-tiers":
+        o = _options(spec, body, {"steps": "initial speculative_num_steps"}) if body else {}
+        return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
+    if name == "goodput":
+        return _goodput(spec, body, profile, sync)
+    raise PolicySpecError(f"{spec!r}: unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+
+
+def check_spec(spec: str) -> str:
+    """Validate a spec; return the normalized spec string or raise PolicySpecError."""
+    return build_policy(spec).spec()

@@ -1,0 +1,78 @@
+"""`dynspec policy check|bench`: validate a spec; time decide+observe on a realistic stream."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+from dynspec.policy import POLICY_NAMES, PolicySpecError, StepRecord, build_policy
+
+BENCH_SPECS = ["always", "never", "threshold:on=24,off=32,dwell=50", "table:1-63=on,64-=off",
+               "sglang-default-tiers", "goodput"]
+
+
+def bench_stream(steps: int, seed: int = 0, max_batch: int = 128) -> list[tuple[int, float, tuple[int, ...]]]:
+    """A serving-like stream: the batch drifts between 1 and max_batch, acceptance 0..3 per request."""
+    rng = random.Random(seed)
+    bs, out = 1, []
+    for _ in range(steps):
+        bs = min(max(bs + rng.choice((-2, -1, 0, 0, 1, 2)), 1), max_batch)
+        accepted = tuple(rng.choice((0, 1, 1, 2, 2, 3)) for _ in range(bs))
+        out.append((bs, 0.005 + bs * 1e-4 + rng.random() * 1e-4, accepted))
+    return out
+
+
+def bench_policy(spec: str, steps: int = 20000, seed: int = 0) -> list[float]:
+    """Per-step decide+observe times in microseconds."""
+    policy = build_policy(spec)
+    stream = bench_stream(steps, seed)
+    clock = time.perf_counter_ns
+    samples = []
+    for bs, t, accepted in stream:
+        t0 = clock()
+        spec_now = policy.decide(bs)
+        policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t))
+        samples.append((clock() - t0) / 1000.0)
+    return samples[steps // 10:]  # drop warm-up
+
+
+def _check(args) -> int:
+    try:
+        policy = build_policy(args.spec)
+    except PolicySpecError as exc:
+        print(f"dynspec policy check: {exc}", file=sys.stderr)
+        return 2
+    print(f"ok: {policy.spec()}")
+    return 0
+
+
+def _bench(args) -> int:
+    specs = [args.spec] if args.spec else BENCH_SPECS
+    last = 0.0
+    for spec in specs:
+        try:
+            samples = bench_policy(spec, args.steps, args.seed)
+        except PolicySpecError as exc:
+            print(f"dynspec policy bench: {exc}", file=sys.stderr)
+            return 2
+        med = statistics.median(samples)
+        p99 = statistics.quantiles(samples, n=100)[98]
+        print(f"{spec:40s} median {med:6.2f} us  p99 {p99:6.2f} us")
+        last = max(last, med)
+    print(f"decide+observe median: {last:.1f} us")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("policy", help="check or benchmark a policy spec")
+    psub = p.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    c = psub.add_parser("check", help="validate a spec: exit 0, or 2 with one line naming the bad part")
+    c.add_argument("spec", help=f"a policy spec ({', '.join(POLICY_NAMES)})")
+    c.set_defaults(func=_check)
+    b = psub.add_parser("bench", help="time decide+observe; the last line is the worst median")
+    b.add_argument("spec", nargs="?", help="one spec (default: every built-in policy)")
+    b.add_argument("--steps", type=int, default=20000)
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=_bench)

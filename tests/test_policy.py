@@ -1,0 +1,403 @@
+"""Policies: the decision before every decode step."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynspec.cli import main as cli_main
+from dynspec.policy import (
+    BUCKET_EDGES,
+    FailSafePolicy,
+    Goodput,
+    Policy,
+    PolicySpecError,
+    SglangTiers,
+    StepRecord,
+    Table,
+    Threshold,
+    bucket_of,
+    build_policy,
+)
+
+
+# --- a scripted machine ------------------------------------------------------------
+class Machine:
+    """Step times and acceptance of a made-up server: t in seconds at batch size bs."""
+
+    def __init__(self, plain, spec, accepted_mean: float, seed: int = 0, noise: float = 0.0):
+        self.plain, self.spec, self.acc = plain, spec, accepted_mean
+        self.rng = random.Random(seed)
+        self.noise = noise
+
+    def step(self, bs: int, speculate: bool, rng: random.Random | None = None) -> StepRecord:
+        rng = rng or self.rng
+        t = self.spec(bs) if speculate else self.plain(bs)
+        t *= 1.0 + self.noise * (rng.random() - 0.5)
+        accepted = ()
+        if speculate:  # 0..3 accepted drafts per request around the mean
+            accepted = tuple(min(3, max(0, round(rng.gauss(self.acc, 0.8)))) for _ in range(bs))
+        return StepRecord(bs, speculate, accepted, t)
+
+
+def plateaus(levels, hold: int, repeats: int = 2, seed: int = 1) -> list[int]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(repeats):
+        order = list(levels)
+        rng.shuffle(order)
+        for bs in order:
+            out += [bs] * hold
+    return out
+
+
+def run(policy: Policy, machine: Machine, batches: list[int]) -> list[bool]:
+    decisions = []
+    for bs in batches:
+        d = policy.decide(bs)
+        policy.observe(machine.step(bs, d))
+        decisions.append(d)
+    return decisions
+
+
+def ms(a: float, b: float):
+    return lambda bs: (a + b * bs) / 1000.0
+
+
+# Spec loses at every batch size (the seed's machine): 2.5x the cost for ~1.3 extra tokens.
+LOSING = dict(plain=ms(10, 0.05), spec=ms(25, 0.5), accepted_mean=1.3)
+# Spec wins below B = 48: gain = 2.5 (10 + 0.2 bs) / (14 + 0.729 bs) crosses 1 at bs = 48.
+B = 48
+WINNING_TO_B = dict(plain=ms(10, 0.2), spec=ms(14, 0.7292), accepted_mean=1.5)
+
+
+# --- goodput -----------------------------------------------------------------------
+def test_goodput_turns_spec_off_where_it_always_loses():
+    policy = build_policy("goodput")
+    machine = Machine(**LOSING, seed=3, noise=0.05)
+    steps = 30_000
+    batches = [1] * 200 + plateaus(range(1, 129), hold=100)[: steps - 200]
+    decisions = run(policy, machine, batches)
+    # Off within a bounded number of steps at the first batch size:
+    first_plain = decisions.index(False)
+    assert first_plain <= 2 * policy.min_samples + 1
+    assert not any(decisions[first_plain + 1: 200]) or sum(decisions[first_plain:200]) <= 1
+    # Stays off apart from bounded probes and one exploration per bucket.
+    buckets_seen = len({bucket_of(b) for b in batches})
+    budget = buckets_seen * policy.min_samples + len(batches) // policy.probe + buckets_seen
+    assert sum(decisions) <= budget, (sum(decisions), budget)
+    assert sum(decisions) / len(decisions) < 0.02
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_goodput_speculates_below_crossover_and_not_above(with_profile):
+    profile = None
+    if with_profile:  # a deliberately wrong prior (spec looks cheap): measurement must correct it
+        profile = make_profile(plain=[10, 30], spec=[11, 33], accept_length=2.5)
+    policy = Goodput(profile)
+    machine = Machine(**WINNING_TO_B, seed=5, noise=0.05)
+    levels = list(range(1, 129))
+    hold = 60
+    batches = plateaus(levels, hold=hold, repeats=3)
+    decisions = run(policy, machine, batches)
+    # Judge the last repeat, the last 30 steps of each plateau.
+    start = len(batches) - len(levels) * hold
+    by_bs: dict[int, list[bool]] = {}
+    for i in range(start, len(batches), hold):
+        by_bs.setdefault(batches[i], []).extend(decisions[i + hold - 30: i + hold])
+    b_cross = bucket_of(B)
+    for bs, ds in by_bs.items():
+        frac = sum(ds) / len(ds)
+        if bucket_of(bs) < b_cross - 1:
+            assert frac > 0.9, (bs, frac)
+        elif bucket_of(bs) > b_cross + 1:
+            assert frac < 0.1, (bs, frac)
+
+
+def test_goodput_probes_are_bounded_and_happen():
+    policy = build_policy("goodput:probe=100")
+    machine = Machine(**LOSING, seed=7)
+    decisions = run(policy, machine, [64] * 5000)
+    spec_steps = sum(decisions[100:])
+    assert 1 <= spec_steps <= 5000 // 100 + 1  # it keeps probing, never more than one step per 100
+
+
+def test_goodput_profile_prior_decides_before_any_measurement():
+    # With a profile that says spec loses, the very first decision is already plain.
+    losing = make_profile(plain=[10, 30], spec=[30, 90], accept_length=2.0)
+    assert Goodput(losing).decide(8) is False
+    winning = make_profile(plain=[10, 30], spec=[12, 36], accept_length=2.5)
+    assert Goodput(winning).decide(8) is True
+
+
+class FakeAllReduce:
+    """Averages a list of floats across `n` threads, like an all-reduce on the CPU group."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.barrier = threading.Barrier(n)
+        self.values: dict[int, list[float]] = {}
+        self.calls = 0
+
+    def hook(self, rank: int):
+        def sync(values: list[float]) -> list[float]:
+            self.values[rank] = list(values)
+            self.barrier.wait()
+            mean = [sum(v[i] for v in self.values.values()) / self.n for i in range(len(values))]
+            self.calls += rank == 0
+            self.barrier.wait()
+            return mean
+        return sync
+
+
+def _rank_stream(policy: Policy, time_scale: float, seed_noise: int, out: list[bool], steps: int):
+    """One TP rank: batch sizes and acceptance identical on every rank, local times differ."""
+    machine = Machine(**WINNING_TO_B)
+    shared = random.Random(11)  # rank-consistent: batch sizes and acceptance draws
+    local = random.Random(seed_noise)
+    bs = 1
+    for _ in range(steps):
+        bs = min(max(bs + shared.choice((-3, -1, 0, 1, 3)), 1), 128)
+        d = policy.decide(bs)
+        rec = machine.step(bs, d, rng=shared)
+        local_t = rec.step_time_s * time_scale * (1 + 0.2 * local.random())
+        policy.observe(rec._replace(step_time_s=local_t))
+        out.append(d)
+
+
+def test_goodput_ranks_decide_identically_with_agreed_times():
+    reduce = FakeAllReduce(2)
+    policies = [Goodput(sync=reduce.hook(r), sync_every=16) for r in range(2)]
+    results: list[list[bool]] = [[], []]
+    steps = 6000
+    threads = [threading.Thread(target=_rank_stream, args=(policies[r], 1.0 + 0.6 * r, r, results[r], steps))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results[0]) == len(results[1]) == steps
+    assert results[0] == results[1]
+    assert reduce.calls == steps // 16
+    assert 0 < sum(results[0]) < steps  # the stream really exercises both modes
+
+
+def test_goodput_without_agreement_would_diverge():
+    """The control for the test above: local times fed directly make ranks disagree."""
+    results: list[list[bool]] = [[], []]
+    for r in range(2):
+        _rank_stream(Goodput(), 1.0 + 0.6 * r, r, results[r], 6000)
+    assert results[0] != results[1]
+
+
+def test_goodput_sync_hook_must_return_every_value():
+    policy = Goodput(sync=lambda values: values[:3], sync_every=1)
+    policy.decide(4)
+    with pytest.raises(RuntimeError, match="expected"):
+        policy.observe(StepRecord(4, True, (1, 1, 1, 1), 0.01))
+
+
+# --- threshold and table ---------------------------------------------------------------
+def test_threshold_hysteresis():
+    p = Threshold(on=24, off=32, dwell=0)
+    assert p.decide(30) is True  # starts speculating, 30 <= off
+    assert p.decide(33) is False  # above off
+    assert p.decide(28) is False  # between on and off: stays off
+    assert p.decide(24) is True  # at on: back on
+    assert p.decide(32) is True  # at off: still on
+
+
+def test_table_lookup_and_spec_round_trip():
+    p = build_policy("table:1-7=on,8-31=off,32-63=on,64-=off")
+    assert [p.decide(b) for b in (1, 7, 8, 31, 32, 63, 64, 500)] == [True, True, False, False, True, True, False, False]
+    again = build_policy(p.spec())
+    assert [again.decide(b) for b in range(1, 200)] == [build_policy(p.spec()).decide(b) for b in range(1, 200)]
+
+
+def _switch_steps(decisions: list[bool]) -> list[int]:
+    return [i for i in range(1, len(decisions)) if decisions[i] != decisions[i - 1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 256), min_size=1, max_size=400),
+    on=st.integers(0, 128),
+    gap=st.integers(0, 64),
+    dwell=st.integers(1, 50),
+)
+def test_threshold_never_switches_faster_than_dwell(batches, on, gap, dwell):
+    p = Threshold(on, on + gap, dwell)
+    decisions = [p.decide(b) for b in batches]
+    sw = _switch_steps(decisions)
+    assert all(b - a >= dwell for a, b in zip(sw, sw[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 256), min_size=1, max_size=400),
+    cut=st.integers(2, 200),
+    dwell=st.integers(1, 50),
+)
+def test_table_never_switches_faster_than_dwell(batches, cut, dwell):
+    p = build_policy(f"table:1-{cut - 1}=on,{cut}-=off,dwell={dwell}")
+    decisions = [p.decide(b) for b in batches]
+    sw = _switch_steps(decisions)
+    assert all(b - a >= dwell for a, b in zip(sw, sw[1:]))
+    # and without dwell pressure it follows the table exactly
+    q = build_policy(f"table:1-{cut - 1}=on,{cut}-=off")
+    assert [q.decide(b) for b in batches] == [b < cut for b in batches]
+
+
+# --- sglang-default-tiers ---------------------------------------------------------------
+def test_sglang_tiers_static_part():
+    p = SglangTiers(initial_steps=3)
+    assert p.decide(1) and p.decide(7)  # tier 1: candidates 1,3,5,7
+    assert p.decide(64) is False and p.decide(1000) is False  # tier 64: [0]
+    assert p.steps_for(40) == 1  # tier 32: [0, 1], 3 not a candidate -> middle
+
+
+def test_sglang_tiers_acceptance_ema_turns_off_then_probes():
+    p = SglangTiers(initial_steps=3)
+    seen = []
+    for _ in range(21):
+        d = p.decide(10)  # tier 8: [0, 1, 3], starts at 3
+        p.observe(StepRecord(10, d, (0,) * 10 if d else ()))
+        seen.append(p.steps_for(10))
+    # Warm-up 10 batches, re-evaluated every 5: at batch 15 the EMA (2 * 0.8**15) is under
+    # both drop thresholds, so 3 -> 0; at batch 20 it probes the smallest positive step.
+    assert seen[:14] == [3] * 14
+    assert seen[14:19] == [0] * 5
+    assert seen[19] == 1
+
+
+# --- fail-safe ----------------------------------------------------------------------------
+class Broken(Policy):
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    def decide(self, batch_size):
+        self.calls += 1
+        if self.calls > 3:
+            raise ZeroDivisionError("boom")
+        return False
+
+
+def test_failsafe_speculates_after_a_failure_and_logs_once(caplog):
+    p = FailSafePolicy(Broken())
+    with caplog.at_level(logging.WARNING, logger="dynspec.policy"):
+        decisions = [p.decide(8) for _ in range(10)]
+        p.observe(StepRecord(8, True, (1,) * 8, 0.01))
+    assert decisions == [False] * 3 + [True] * 7
+    assert p.inner.calls == 4  # never called again after it raised
+    warnings = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0].getMessage()
+
+
+# --- spec strings ---------------------------------------------------------------------------
+GOOD_SPECS = ["always", "never", "threshold:32", "threshold:on=24,off=32,dwell=50", "threshold:off=40",
+              "table:1-63=on,64-=off", "table:1=on,2-=off,dwell=5", "sglang-default-tiers",
+              "sglang-default-tiers:steps=5", "goodput", "goodput:probe=500,dwell=4,margin=0.05",
+              "goodput:profile=" + "{profile}"]
+
+
+@pytest.mark.parametrize("spec", GOOD_SPECS)
+def test_good_specs_build(spec, tmp_path):
+    path = tmp_path / "p.yaml"
+    write_profile(path)
+    p = build_policy(spec.format(profile=path))
+    assert isinstance(p.decide(4), bool)
+
+
+BAD_SPECS = [
+    ("", "empty"),
+    ("sometimes", "unknown policy 'sometimes'"),
+    ("always:1", "takes no options"),
+    ("threshold", "needs a batch size"),
+    ("threshold:abc", "'abc' is not an integer"),
+    ("threshold:-3", "must be >= 0"),
+    ("threshold:on=40,off=32", "below on=40"),
+    ("threshold:on=4,of=8", "unknown option 'of'"),
+    ("threshold:on=4,on=8", "given twice"),
+    ("threshold:on=", "has no value"),
+    ("threshold:dwell=5", "needs on= and/or off="),
+    ("table", "needs ranges"),
+    ("table:1-63=on", "does not cover batch sizes 64-"),
+    ("table:1-10=on,12-=off", "gap at batch sizes 11-11"),
+    ("table:1-10=on,8-=off", "overlap"),
+    ("table:1-10=maybe,11-=off", "must be =on or =off"),
+    ("table:0-10=on,11-=off", "range start=0 must be >= 1"),
+    ("table:10-1=on", "ends before it starts"),
+    ("table:1-=on,5-=off", "follows an open-ended range"),
+    ("table:1-63", "expected RANGE=on|off"),
+    ("goodput:probe=1", "probe>=2"),
+    ("goodput:margin=x", "'x' is not a number"),
+    ("goodput:margin=nan", "not a finite number"),
+    ("goodput:speed=3", "unknown option 'speed'"),
+    ("goodput:times=2", "times must be 0 or 1"),
+    ("goodput:times=0", "needs a profile"),
+    ("goodput:profile=/nonexistent/p.yaml", "no such profile file"),
+    ("goodput:profile=no-such-profile", "no such profile"),
+    ("sglang-default-tiers:steps=0", "steps=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD_SPECS)
+def test_bad_specs_get_their_error(spec, message):
+    with pytest.raises(PolicySpecError) as info:
+        build_policy(spec)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("spec,message", BAD_SPECS[1:6])
+def test_policy_check_cli_exit_codes(spec, message, capsys):
+    assert cli_main(["policy", "check", spec]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert cli_main(["policy", "check", "threshold:on=24,off=32,dwell=50"]) == 0
+    assert "threshold:on=24,off=32,dwell=50" in capsys.readouterr().out
+
+
+def test_buckets_cover_every_batch_size():
+    assert bucket_of(1) == 0 and bucket_of(0) == 0
+    assert bucket_of(10_000) == len(BUCKET_EDGES) - 1
+    prev = 0
+    for bs in range(1, 2000):
+        b = bucket_of(bs)
+        assert b in (prev, prev + 1)
+        assert BUCKET_EDGES[b] <= bs
+        prev = b
+
+
+# --- helpers shared with the profile tests -------------------------------------------------
+def profile_dict(plain=(10, 30), spec=(12, 36), accept_length=2.5, **over) -> dict:
+    d = {
+        "name": "test",
+        "speculative": {"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        "acceptance": {"accept_length": accept_length, "concentration": 10},
+        "steps": {"batch_size": [1, 128], "plain_ms": list(plain), "spec_ms": list(spec)},
+        "provenance": {"kind": "derived", "source": "unit test"},
+    }
+    d.update(over)
+    return d
+
+
+def make_profile(**kw):
+    from dynspec.profile import parse_profile
+
+    return parse_profile(profile_dict(**kw))
+
+
+def write_profile(path, **kw):
+    import yaml
+
+    path.write_text(yaml.safe_dump(profile_dict(**kw)))
+    return path

@@ -1,0 +1,101 @@
+"""The step-cost profile format: load, validate, interpolate."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dynspec.profile import ProfileError, load_profile, parse_profile, shipped_profiles
+from tests.test_policy import profile_dict
+
+
+def write(tmp_path, data, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_interpolation_and_extrapolation_flag(tmp_path):
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 8, 64], "plain_ms": [10, 12, 40], "spec_ms": [15, 20, 90]}
+    p = load_profile(write(tmp_path, d))
+    assert p.plain_time(1) == pytest.approx(0.010)
+    assert p.plain_time(4.5) == pytest.approx(0.011)  # halfway between 1 and 8
+    assert p.spec_time(36) == pytest.approx(0.055)
+    assert p.plain_time(128) == pytest.approx((40 + 28 / 56 * 64) / 1000)  # last segment extended
+    assert p.extrapolates(128) and not p.extrapolates(64)
+    assert p.acceptance.mean_accepted == pytest.approx(1.5)
+
+
+def test_spec_time_from_parts(tmp_path):
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "draft_ms": [3, 6],
+                  "verify_ms": [11, 30], "extend_ms": [2, 4]}
+    p = load_profile(write(tmp_path, d))
+    assert p.spec_time(1) == pytest.approx(0.016)
+    assert p.spec_time(64) == pytest.approx(0.040)
+
+
+def _bad(**changes):
+    d = profile_dict()
+    for dotted, value in changes.items():
+        node = d
+        keys = dotted.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        if value is KeyError:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = value
+    return d
+
+
+BAD = [
+    (_bad(steps__batch_size=[1, 1]), "strictly increasing"),
+    (_bad(steps__plain_ms=[10]), "plain_ms has 1 values but batch_size has 2"),
+    (_bad(steps__plain_ms=[10, -1]), "plain_ms must hold positive times"),
+    (_bad(steps__spec_ms=KeyError), "give spec_ms, or all of draft_ms"),
+    (_bad(acceptance__accept_length=0.5), "acceptance.accept_length"),
+    (_bad(acceptance__accept_length=5.0), "exceeds 1 + speculative.num_steps = 4"),
+    (_bad(acceptance=KeyError), "acceptance: Field required"),
+    (_bad(provenance__kind="guessed"), "provenance.kind"),
+    (_bad(colour="blue"), "colour: Extra inputs are not permitted"),
+    (_bad(steps__batch_size=[0, 5]), "batch_size must be positive"),
+]
+
+
+@pytest.mark.parametrize("data,message", BAD)
+def test_bad_profiles_name_file_key_and_problem(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    text = str(info.value)
+    assert text.startswith(str(path) + ": ")
+    assert message in text
+    assert "\n" not in text
+
+
+def test_not_yaml_not_a_mapping_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(write(tmp_path, "a: [1, 2\n"))
+    with pytest.raises(ProfileError, match="a profile is a YAML mapping, got list"):
+        load_profile(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ProfileError, match="no such profile file"):
+        load_profile(tmp_path / "missing.yaml")
+    with pytest.raises(ProfileError, match="no such profile"):
+        load_profile("definitely-not-shipped")
+
+
+def test_parse_profile_is_frozen():
+    p = parse_profile(profile_dict())
+    with pytest.raises(Exception):
+        p.name = "other"
+
+
+@pytest.mark.parametrize("name", shipped_profiles())
+def test_shipped_profiles_load(name):
+    p = load_profile(name)
+    assert p.name == name
+    assert p.provenance.source
+    for bs in (1, 8, 64, 128):
+        assert p.plain_time(bs) > 0 and p.spec_time(bs) > 0
