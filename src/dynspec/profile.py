@@ -141,6 +141,8 @@ class Profile(_Strict):
 
 def shipped_profiles() -> list[str]:
     root = resources.files("dynspec") / "profiles"
+    if not root.is_dir():
+        return []
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
