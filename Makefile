@@ -4,18 +4,39 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test venv clean
+.PHONY: test venv clean report browser
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/bench-serving.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,notebooks]'
+	$(PIP) install --quiet -r requirements/sglang-cpu.txt
+	$(PIP) install --quiet -r requirements/bench-serving.txt
+	$(PY) -m ipykernel install --prefix $(VENV) --name dynspec --display-name 'Python (dynspec)' >/dev/null
 	touch $@
 
-venv: $(VENV)/.installed
+# SGLang 0.5.23 needs transformers 5 (0.5.9: 4.57): its extra packages get their own folder,
+# put on PYTHONPATH only by the subprocess of tests/test_patch_0523.py.
+SGLANG_0523_DEPS := $(VENV)/sglang-0.5.23-deps
+$(SGLANG_0523_DEPS)/.installed: requirements/sglang-0.5.23-cpu.txt | $(VENV)/.installed
+	rm -rf $(SGLANG_0523_DEPS)
+	$(PIP) install --quiet --no-deps --target $(SGLANG_0523_DEPS) -r requirements/sglang-0.5.23-cpu.txt
+	touch $@
 
-test: venv
+venv: $(VENV)/.installed $(SGLANG_0523_DEPS)/.installed
+
+# Debian's chromium for the report's browser test; apt runs only when it is missing.
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: venv browser
 	$(PY) -m pytest
+
+# The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.
+REPORT_CONFIG ?= configs/seed-blackwell.yaml
+REPORT_RUN_ID ?= seed-blackwell-sim
+report: venv
+	$(PY) -m dynspec pipeline --config $(REPORT_CONFIG) --backend sim --run-id $(REPORT_RUN_ID) --overwrite
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -12,6 +12,14 @@ import sys
 
 COMMANDS = [
     "dynspec.policy_cli",
+    "dynspec.tune",
+    "dynspec.sim",
+    "dynspec.fit",
+    "dynspec.emulator",
+    "dynspec.sweep",
+    "dynspec.readers",
+    "dynspec.patching",
+    "dynspec.pipeline",
 ]
 
 

@@ -17,7 +17,7 @@ server's environment (DYNSPEC_POLICY):
     threshold:32 | threshold:on=24,off=32,dwell=50
     table:1-63=on,64-=off[,dwell=N]
     sglang-default-tiers
-    goodput | goodput:profile=PATH,probe=200,dwell=8,margin=0.02,sync_every=64
+    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,sync_every=64
 """
 
 from __future__ import annotations
@@ -278,13 +278,19 @@ class Goodput(Policy):
     per mode, an estimate of the step time; expected goodput per request is
     (1 + accepted) / t_spec against 1 / t_plain.  Step times start from a profile
     when given and are refined by measured times that the ranks agreed on (`sync`).
-    Without a profile, a mode never seen in a bucket is explored first.  Now and
-    then (every `probe` steps in a bucket at most) it takes the other mode for one
-    step so its estimates stay honest; a switch needs a `margin` advantage and is
-    held for `dwell` steps.
+    Without a profile, each mode is tried `min_samples` times in a bucket first.
+
+    Probes keep the estimates honest: now and then it takes the other mode for one
+    step.  A probe's expected cost (output lost, in steps of the current mode) sets
+    its interval, so probes cost about `budget` of the output: frequent where the
+    two modes are close (where the answer may flip), rare where one clearly wins,
+    never more often than every 8 steps nor less than every `probe` steps in a bucket.
+    A switch needs a `margin` advantage and is held for `dwell` steps.
     """
 
     name = "goodput"
+    PROBE_MIN = 8  # steps: a probe's own estimate needs a few steps between probes
+    SHRINK = 4.0  # a bucket's acceptance leans on the global one until it has a few samples
 
     def __init__(
         self,
@@ -293,17 +299,20 @@ class Goodput(Policy):
         sync: SyncHook | None = None,
         sync_every: int = 64,
         use_times: bool = True,
-        probe: int = 200,
+        probe: int = 2000,
+        budget: float = 0.005,
         dwell: int = 8,
         margin: float = 0.02,
         alpha: float = 0.1,
         min_samples: int = 2,
         spec_text: str = "goodput",
     ):
-        if probe < 2 or dwell < 0 or not 0 <= margin < 1 or not 0 < alpha <= 1 or sync_every < 1:
+        if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
+                or not 0 < alpha <= 1 or sync_every < 1 or min_samples < 1):
             raise PolicySpecError(
-                f"goodput: need probe>=2, dwell>=0, 0<=margin<1, 0<alpha<=1, sync_every>=1 "
-                f"(got probe={probe}, dwell={dwell}, margin={margin}, alpha={alpha}, sync_every={sync_every})"
+                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<alpha<=1, "
+                f"sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, margin={margin}, "
+                f"alpha={alpha}, sync_every={sync_every})"
             )
         n = len(BUCKET_EDGES)
         self._spec_text = spec_text
@@ -311,12 +320,16 @@ class Goodput(Policy):
         self.sync = sync  # None: one process, whose own step times are agreed by definition
         self.sync_every = sync_every
         self.use_times = use_times
-        self.probe, self.margin, self.alpha, self.min_samples = probe, margin, alpha, min_samples
+        self.probe, self.budget, self.margin, self.alpha = probe, budget, margin, alpha
+        self.min_samples = min_samples
         # [mode][bucket], mode 0 = plain, 1 = spec
         self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
         self.n_seen: list[list[int]] = [[0] * n, [0] * n]
         self.acc_est: list[float | None] = [None] * n
+        self.n_acc = [0] * n  # speculative steps that fed acc_est[b]
         self.acc_global: float | None = None
+        # Explore only what no prior covers: without a profile, both modes everywhere.
+        self._explore = profile is None and use_times
         if profile is not None:
             self.acc_global = profile.acceptance.mean_accepted
             for b in range(n):
@@ -329,6 +342,7 @@ class Goodput(Policy):
         self._in_bucket = [0] * n  # decisions taken in each bucket
         self._last_seen = [[0] * n, [0] * n]  # _in_bucket when a mode last ran there
         self._choice = [True] * n
+        self._interval = [[probe] * n, [probe] * n]  # probe interval while in [mode][bucket]
         self._dwell = _Dwell(dwell, True)
         self._step = 0
         self._probing = False
@@ -336,37 +350,52 @@ class Goodput(Policy):
             self._refresh(b)
 
     # Decision ----------------------------------------------------------------------
+    def _accepted(self, b: int) -> float | None:
+        a, g = self.acc_est[b], self.acc_global
+        if a is None or g is None:
+            return g if a is None else a
+        k = self.n_acc[b]
+        return (k * a + self.SHRINK * g) / (k + self.SHRINK)
+
     def _gain(self, b: int) -> float | None:
         """Expected spec/plain goodput ratio in bucket b, None while unknown."""
-        tp, ts = self.t_est[0][b], self.t_est[1][b]
-        acc = self.acc_est[b] if self.acc_est[b] is not None else self.acc_global
+        tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
         return (1.0 + acc) * tp / ts
 
     def _refresh(self, b: int) -> None:
-        g = self._gain(b)
-        if g is None:
+        tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
+        if tp is None or ts is None or acc is None:
             return
-        cur = self._choice[b]
+        g = (1.0 + acc) * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
-        self._choice[b] = g > (1.0 - self.margin) if cur else g > (1.0 + self.margin)
+        self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
+        # Output lost by one probe, in steps of the mode probed from: from plain, a spec
+        # step costs ts/tp plain steps and returns g of them; from spec, a plain step
+        # returns 1 token where spec would give g, out of (1 + acc) per spec step.
+        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
+        if g < 1.0:
+            self._interval[0][b] = int(min(hi, max(lo, ts / tp * (1.0 - g) / budget)))
+            self._interval[1][b] = lo
+        else:
+            self._interval[0][b] = lo
+            self._interval[1][b] = int(min(hi, max(lo, (g - 1.0) / (1.0 + acc) / budget)))
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1
         b = bucket_of(batch_size)
-        seen = self.n_seen
-        # Explore a mode with no agreed estimate in this bucket yet (no profile).
-        if self.t_est[1][b] is None or (self.acc_est[b] is None and self.acc_global is None):
+        if self._explore:
+            seen = self.n_seen
             if seen[1][b] < self.min_samples:
                 return self._take(True, b)
-        if self.t_est[0][b] is None and seen[0][b] < self.min_samples:
-            return self._take(False, b)
+            if seen[0][b] < self.min_samples:
+                return self._take(False, b)
         mode = self._dwell.want(self._choice[b])
         # Probe clocks count steps spent in this bucket, so a bucket visited rarely is not
-        # probed on every visit: probes stay within 1/probe of the steps plus one per bucket.
+        # probed on every visit.
         self._in_bucket[b] += 1
-        if self._in_bucket[b] - self._last_seen[not mode][b] >= self.probe:
+        if self._in_bucket[b] - self._last_seen[not mode][b] >= self._interval[mode][b]:
             return self._take(not mode, b, probe=True)
         self._last_seen[mode][b] = self._in_bucket[b]
         self._probing = False
@@ -388,6 +417,7 @@ class Goodput(Policy):
             a = sum(accepted) / len(accepted)
             prev, g = self.acc_est[b], self.acc_global
             self.acc_est[b] = a if prev is None else prev + self.alpha * (a - prev)
+            self.n_acc[b] += 1
             self.acc_global = a if g is None else g + self.alpha * (a - g)
             changed = True
         if t is not None and self.use_times:
@@ -575,7 +605,9 @@ def _table(spec: str, body: str) -> Table:
 
 _GOODPUT_OPTS = {
     "profile": "step-cost profile (name or path)",
-    "probe": "steps between probes of the other mode",
+    "probe": "most steps between probes of the other mode",
+    "budget": "share of output that probes may cost",
+    "min_samples": "steps each mode is tried per bucket without a profile",
     "dwell": "minimum steps between switches",
     "margin": "relative advantage needed to switch",
     "alpha": "EMA weight",
@@ -594,10 +626,10 @@ def _goodput(spec: str, body: str, profile, sync: SyncHook | None) -> Goodput:
         except ProfileError as exc:
             raise PolicySpecError(f"{spec!r}: {exc}") from None
     kw: dict = {}
-    for key in ("probe", "dwell", "sync_every"):
+    for key in ("probe", "dwell", "sync_every", "min_samples"):
         if key in o:
             kw[key] = _int(spec, key, o[key])
-    for key in ("margin", "alpha"):
+    for key in ("margin", "alpha", "budget"):
         if key in o:
             kw[key] = _float(spec, key, o[key])
     if "times" in o:

@@ -28,6 +28,7 @@ METRIC_COLUMNS = [
     "accept_length", "spec_step_fraction", "switches", "error",
 ]
 RESULT_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
+TEXT_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "error"]
 
 
 @dataclass
@@ -103,8 +104,7 @@ def make_row(ids: dict, metrics: dict) -> dict:
     if extra:
         raise ValueError(f"unknown result columns: {', '.join(sorted(extra))}")
     merged = {**ids, **metrics}
-    return {c: merged.get(c, "" if c in ("error", "run_id", "arm", "policy", "backend", "profile") else math.nan)
-            for c in RESULT_COLUMNS}
+    return {c: merged.get(c, "" if c in TEXT_COLUMNS else math.nan) for c in RESULT_COLUMNS}
 
 
 class ResultsWriter:
@@ -173,10 +173,15 @@ def read_table(path: str | Path):
     import pandas as pd
 
     path = Path(path)
-    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, keep_default_na=False,
-                                                                           na_values=[""])
+    if path.suffix == ".parquet":
+        df = pd.read_parquet(path)
+    else:
+        # The csv module writes NaN as "nan" (ResultsWriter); only numeric columns may be missing.
+        na = {c: ["", "nan", "NaN"] for c in RESULT_COLUMNS if c not in TEXT_COLUMNS}
+        df = pd.read_csv(path, keep_default_na=False, na_values=na, dtype={c: str for c in TEXT_COLUMNS})
     missing = [c for c in RESULT_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing result columns: {', '.join(missing)}")
-    df["error"] = df["error"].fillna("").astype(str)
+    for c in TEXT_COLUMNS:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     return df

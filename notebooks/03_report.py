@@ -1,0 +1,125 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # When does EAGLE-3 pay?
+#
+# Output throughput of a plain SGLang server (`baseline`), the same server speculating
+# with EAGLE-3 at every step (`eagle3`), and dynspec's policies that switch speculation
+# on and off at run time, across concurrency levels.
+
+# %% tags=["parameters"]
+run_dir = None  # a data/runs/<run-id> folder; None: the latest run in runs_dir
+runs_dir = "../data/runs"
+compare_runs = []  # other run folders drawn beside this one
+reference = "../data/reference/seed.csv"  # the seed's measured table; None to leave it out
+fallback_config = "../configs/ci-tiny.yaml"  # simulated when runs_dir holds no run yet
+
+# %%
+import pandas as pd
+from IPython.display import HTML, Markdown, display
+
+from dynspec import report
+
+run = report.open_run(run_dir, runs_dir=runs_dir, fallback_config=fallback_config)
+levels = report.level_table(run.results)
+# Compared runs appear in the throughput and speedup figures; every other number is this run's.
+others = [report.load_run(d) for d in compare_runs]
+compared = report.level_table(pd.concat([run.results] + [o.results for o in others], ignore_index=True))
+ref = report.load_reference(reference) if reference else None
+display(HTML(report.banner_html(run)))
+display(Markdown(report.run_summary(run)))
+
+# %% [markdown]
+# ## Findings
+
+# %%
+display(Markdown(report.findings(levels)))
+
+# %% [markdown]
+# ## Output throughput vs concurrency
+#
+# Lines: this run (compared runs, if any, in other line styles). Open squares: the
+# seed's measurements, beside the run's for scale, not from it.
+
+# %%
+report.throughput_figure(compared, ref);
+
+# %%
+display(report.wide(levels, "output_throughput", digits=1))
+
+# %% [markdown]
+# ## Speedup over the baseline
+
+# %%
+report.speedup_figure(compared);
+
+# %%
+display(report.wide(report.speedup_table(levels), "speedup", digits=3))
+
+# %% [markdown]
+# ## The envelope: max(baseline, eagle3)
+#
+# A server that always knew which static choice wins at the current load would follow
+# the envelope. How close each arm comes to it, level by level and overall:
+
+# %%
+report.envelope_figure(levels);
+
+# %%
+display(report.wide(report.envelope_table(levels), "of_envelope", digits=3))
+display(report.envelope_summary(levels).round(3))
+
+# %% [markdown]
+# ## Latency: TTFT and TPOT
+
+# %%
+report.latency_figure(levels);
+
+# %%
+display(report.latency_table(levels).round(1))
+
+# %% [markdown]
+# ## Speculation: accept length and steps speculated
+
+# %%
+report.speculation_figure(levels);
+
+# %%
+display(report.speculation_table(levels).round(3))
+
+# %% [markdown]
+# ## The seed's reference
+#
+# These numbers were measured by the seed investigation on 8x RTX PRO 6000 Blackwell
+# (TP 8, EAGLE-3 on SGLang's v1 worker with a 16-token tree), not by this run; rows
+# marked approximate are its "~" saturation figures (C=70+). `run_arm` is the arm of
+# this run set beside each; its values are interpolated in log concurrency at the
+# seed's levels and left empty outside the run's range. Conditions:
+# `data/reference/README.md`.
+
+# %%
+if ref is not None:
+    display(report.reference_comparison(levels, ref).round(3))
+else:
+    display(Markdown("No reference table given."))
+
+# %% [markdown]
+# ## Failed levels and run details
+
+# %%
+failed = report.failed_levels(run.results)
+display(failed if len(failed) else Markdown("No level failed."))
+display(Markdown(report.run_details(run)))

@@ -1,0 +1,402 @@
+"""The load generator: closed-loop streaming requests against SGLang's /generate or /v1/completions.
+
+C workers, each with its own keep-alive connection, take the next prompt as soon as
+their last request ends (closed loop at maximum concurrency C, like sglang.bench_serving
+with --max-concurrency C and an infinite request rate).  Per request it keeps what
+bench_serving keeps: dispatch and completion times, TTFT, inter-token latencies (a
+chunk carrying k tokens gives k gaps of gap/k) and the output tokens as the server
+counts them (meta_info.completion_tokens / usage.completion_tokens), so no tokenizer
+is needed.  Failed and timed-out requests are recorded as such, never dropped.
+
+Speed (benchmarks/bench_loadgen.py): bytes go from the socket straight to the SSE
+reader (dynspec.httpstream), chunks are not JSON-parsed on the hot path (the token
+count is found with a byte search), and only a request's last chunk is parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from dynspec.results import RequestRecord
+
+# Matched unescaped (quote, name, quote, colon), so generated text containing it -- which
+# JSON escapes as \"completion_tokens\": -- cannot fool the search.
+_KEY = b'"completion_tokens":'
+_DATA = b"data:"
+_DONE = b"[DONE]"
+
+
+def _leading_int(b: bytes, i: int) -> int:
+    """The integer at b[i:] (spaces skipped): the token count after the key; -1 if none."""
+    n = len(b)
+    while i < n and b[i] == 32:
+        i += 1
+    j = i
+    while j < n and 48 <= b[j] <= 57:
+        j += 1
+    return int(b[i:j]) if j > i else -1
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request's input: token ids or text, and how many tokens to generate (ignore_eos)."""
+
+    output_len: int
+    input_ids: tuple[int, ...] | None = None
+    text: str | None = None
+
+    @property
+    def input_len(self) -> int:
+        """Known input length (token ids); 0 for text, which the server counts."""
+        return len(self.input_ids) if self.input_ids is not None else 0
+
+
+class PromptError(ValueError):
+    """A prompt file that cannot be used; one line naming the file and line."""
+
+
+def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int = 32000,
+                   seed: int = 0) -> list[Prompt]:
+    """n prompts of exactly input_len random token ids (seeded), each generating output_len tokens.
+
+    Ids avoid the lowest 1000, where tokenizers keep their special tokens.
+    """
+    rng = random.Random(seed)
+    lo = min(1000, vocab_size // 2)
+    return [Prompt(output_len, input_ids=tuple(rng.randrange(lo, vocab_size) for _ in range(input_len)))
+            for _ in range(n)]
+
+
+def _read_jsonl(path: Path, output_len: int) -> list[Prompt]:
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise PromptError(f"{path}:{i}: each line is an object with prompt or input_ids")
+        n = obj.get("output_len", output_len)
+        if not isinstance(n, int) or n < 1:
+            raise PromptError(f"{path}:{i}: output_len must be a positive integer")
+        if isinstance(obj.get("input_ids"), list) and obj["input_ids"]:
+            ids = obj["input_ids"]
+            if not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise PromptError(f"{path}:{i}: input_ids must be non-negative integers")
+            out.append(Prompt(n, input_ids=tuple(ids)))
+        elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
+            out.append(Prompt(n, text=obj["prompt"]))
+        else:
+            raise PromptError(f"{path}:{i}: needs a non-empty prompt (text) or input_ids (list of ints)")
+    return out
+
+
+def _read_sharegpt(path: Path, output_len: int) -> list[Prompt]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PromptError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, list):
+        raise PromptError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    out = []
+    for conv in data:
+        turns = conv.get("conversations", conv.get("conversation")) if isinstance(conv, dict) else None
+        # As bench_serving: the first turn is the prompt; conversations need two turns.
+        if isinstance(turns, list) and len(turns) >= 2 and isinstance(turns[0], dict):
+            text = turns[0].get("value")
+            if isinstance(text, str) and text:
+                out.append(Prompt(output_len, text=text))
+    return out
+
+
+def file_prompts(source: str, path: str | Path, n: int, output_len: int, *, seed: int = 0) -> list[Prompt]:
+    """n prompts from a JSONL or ShareGPT file: shuffled with the seed, reused in turn if fewer than n."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptError(f"{path}: no such prompt file")
+    if source == "jsonl":
+        pool = _read_jsonl(path, output_len)
+    elif source == "sharegpt":
+        pool = _read_sharegpt(path, output_len)
+    else:
+        raise PromptError(f"unknown prompt source {source!r} (random, jsonl, sharegpt)")
+    if not pool:
+        raise PromptError(f"{path}: no usable prompts")
+    random.Random(seed).shuffle(pool)
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def build_prompts(prompts_cfg, n: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
+    """The prompts of one level from the config's `prompts` section."""
+    if prompts_cfg.source == "random":
+        return random_prompts(n, input_len, output_len, vocab_size=prompts_cfg.vocab_size, seed=seed)
+    return file_prompts(prompts_cfg.source, prompts_cfg.path, n, output_len, seed=seed)
+
+
+# Requests --------------------------------------------------------------------------------
+
+def _payload(api: str, prompt: Prompt, model: str | None) -> dict:
+    if api == "generate":
+        body: dict = {"sampling_params": {"temperature": 0.0, "max_new_tokens": prompt.output_len,
+                                          "ignore_eos": True},
+                      "stream": True}
+        if prompt.input_ids is not None:
+            body["input_ids"] = list(prompt.input_ids)
+        else:
+            body["text"] = prompt.text
+        return body
+    body = {"prompt": list(prompt.input_ids) if prompt.input_ids is not None else prompt.text,
+            "max_tokens": prompt.output_len, "temperature": 0.0, "ignore_eos": True, "stream": True,
+            # Per-chunk token counts where the server gives them (vLLM, SGLang), else the final usage.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if model:
+        body["model"] = model
+    return body
+
+
+def _final_check(api: str, last: bytes, rec: RequestRecord) -> None:
+    """Read what only the last chunk says: abort/error, prompt tokens, final token count."""
+    try:
+        obj = json.loads(last)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return
+    if not isinstance(obj, dict):
+        return
+    if "error" in obj:
+        rec.ok, rec.error = False, f"server error: {json.dumps(obj['error'])[:300]}"
+        return
+    if api == "generate":
+        meta = obj.get("meta_info") or {}
+        rec.input_tokens = int(meta.get("prompt_tokens") or rec.input_tokens)
+        fr = meta.get("finish_reason")
+        if isinstance(fr, dict) and fr.get("type") == "abort":
+            rec.ok, rec.error = False, f"aborted by server: {str(fr.get('message', ''))[:300]}"
+    else:
+        usage = obj.get("usage") or {}
+        if usage.get("prompt_tokens"):
+            rec.input_tokens = int(usage["prompt_tokens"])
+        if usage.get("completion_tokens"):
+            rec.output_tokens = int(usage["completion_tokens"])
+
+
+class _SSEReader:
+    """Turns a streamed body into token counts and inter-token gaps, as bytes arrive.
+
+    Handles every complete `data:` line of each read; lines that arrived together share
+    one timestamp, exactly as they would read line by line.
+    """
+
+    __slots__ = ("rec", "start", "openai", "pending", "tokens", "last_t", "last_line")
+
+    def __init__(self, rec: RequestRecord, start: float, openai: bool):
+        self.rec, self.start, self.openai = rec, start, openai
+        self.pending = b""
+        self.tokens = 0
+        self.last_t = start
+        self.last_line = b""  # only the last data line is ever JSON-parsed
+
+    def feed(self, data: bytes, now: float) -> None:
+        lines = (self.pending + data).split(b"\n") if self.pending else data.split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            if not line.startswith(_DATA):
+                continue
+            i = line.rfind(_KEY)
+            if i >= 0:
+                n = _leading_int(line, i + len(_KEY))
+                self.last_line = line
+            elif line[5:].strip() in (b"", _DONE):
+                continue
+            else:
+                self.last_line = line
+                if self.openai and _has_text(line):
+                    n = self.tokens + 1  # no per-chunk usage: one token per text chunk
+                else:
+                    continue
+            new = n - self.tokens
+            if new <= 0:
+                continue
+            rec = self.rec
+            if rec.ttft is None:
+                rec.ttft = now - self.start
+            else:
+                gap = (now - self.last_t) / new
+                rec.itls.extend([gap] * new)
+            self.tokens, self.last_t = n, now
+
+    def close(self, now: float) -> None:
+        if self.pending:  # a last line without its newline
+            self.feed(b"\n", now)
+
+
+async def _one_request(client, path: str, api: str, prompt: Prompt, model: str | None,
+                       timeout: float | None) -> RequestRecord:
+    from dynspec.httpstream import HTTPStreamError
+
+    clock = time.perf_counter
+    start = clock()
+    rec = RequestRecord(start=start, end=start, input_tokens=prompt.input_len)
+    sse = _SSEReader(rec, start, api == "openai")
+    try:
+        status, err_body = await client.post(path, json.dumps(_payload(api, prompt, model)).encode(), sse.feed,
+                                             timeout)
+        if status != 200:
+            text = err_body.decode(errors="replace")[:300]
+            rec.ok, rec.error = False, f"HTTP {status}: {' '.join(text.split())}"
+        else:
+            sse.close(clock())
+            rec.output_tokens = sse.tokens
+            if sse.last_line:
+                _final_check(api, sse.last_line[5:].strip(), rec)
+            if rec.ok and rec.output_tokens == 0:
+                rec.ok, rec.error = False, "stream ended without a token"
+    except asyncio.TimeoutError:
+        rec.ok, rec.error = False, f"request timed out after {timeout:g}s"
+    except asyncio.CancelledError:
+        rec.end = clock()
+        rec.ok, rec.error = False, "cancelled: level timed out"
+        raise _Cancelled(rec) from None
+    except (OSError, HTTPStreamError) as exc:  # refused, reset, server died: a failed request, counted
+        rec.ok, rec.error = False, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    rec.end = clock()
+    return rec
+
+
+def _has_text(line: bytes) -> bool:
+    return b'"text"' in line and b'"text":""' not in line and b'"text": ""' not in line
+
+
+class _Cancelled(Exception):
+    def __init__(self, rec: RequestRecord):
+        self.rec = rec
+
+
+@dataclass
+class LevelResult:
+    """What one level produced: the measured requests (dispatch order) and how it ended."""
+
+    requests: list[RequestRecord]
+    warmup: list[RequestRecord] = field(default_factory=list)
+    timed_out: bool = False
+    stopped: bool = False  # should_stop said so (e.g. the server died)
+    not_sent: int = 0
+
+    @property
+    def failed(self) -> int:
+        return sum(not r.ok for r in self.requests)
+
+    def error_summary(self, level_timeout: float | None = None) -> str:
+        """One line for the results row's error column; empty when every request succeeded."""
+        parts = []
+        if self.timed_out:
+            parts.append(f"level timed out after {level_timeout:g}s" if level_timeout else "level timed out")
+        if self.stopped:
+            parts.append("level stopped early")
+        if self.not_sent:
+            parts.append(f"{self.not_sent} requests not sent")
+        bad = [r for r in self.requests if not r.ok]
+        if bad:
+            parts.append(f"{len(bad)} of {len(self.requests)} requests failed (first: {bad[0].error})")
+        return "; ".join(parts)
+
+
+async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency: int, *, api: str = "generate",
+                          model: str | None = None, warmup: int = 0, request_timeout: float = 600.0,
+                          level_timeout: float | None = None, progress: bool = False, desc: str = "",
+                          should_stop: Callable[[], bool] | None = None) -> LevelResult:
+    """Run one closed-loop level: warm-up requests first (not measured), then every prompt once."""
+    from dynspec.httpstream import StreamClient
+
+    if api not in ("generate", "openai"):
+        raise ValueError(f"unknown api {api!r} (generate, openai)")
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    path = "/generate" if api == "generate" else "/v1/completions"
+    timeout = request_timeout
+    result = LevelResult(requests=[])
+    session = StreamClient(base_url)  # a keep-alive connection per worker
+    try:
+        if warmup and prompts:
+            wp = [Prompt(min(p.output_len, 32), p.input_ids, p.text) for p in prompts[:warmup]]
+            while len(wp) < warmup:
+                wp.append(wp[len(wp) % len(prompts)])
+            result.warmup = await asyncio.gather(
+                *(_one_request(session, path, api, p, model, timeout) for p in wp))
+
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(prompts), desc=desc or f"C={concurrency}", unit="req", leave=False,
+                       mininterval=0.5)
+        todo = iter(range(len(prompts)))
+        slots: list[RequestRecord | None] = [None] * len(prompts)
+
+        async def worker() -> None:
+            for i in todo:
+                if should_stop is not None and should_stop():
+                    result.stopped = True
+                    return
+                try:
+                    slots[i] = await _one_request(session, path, api, prompts[i], model, timeout)
+                except _Cancelled as c:
+                    slots[i] = c.rec
+                    raise asyncio.CancelledError from None
+                if bar is not None:
+                    bar.update(1)
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(prompts)))]
+        done, pending = await asyncio.wait(tasks, timeout=level_timeout)
+        if pending:
+            result.timed_out = True
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+        if bar is not None:
+            bar.close()
+    finally:
+        session.close()
+    result.requests = [r for r in slots if r is not None]
+    result.not_sent = len(prompts) - len(result.requests)
+    return result
+
+
+def run_level(base_url: str, prompts: Sequence[Prompt], concurrency: int, **kwargs) -> LevelResult:
+    """Synchronous wrapper of run_level_async (its own event loop)."""
+    return asyncio.run(run_level_async(base_url, prompts, concurrency, **kwargs))
+
+
+def write_requests(path: str | Path, requests: Iterable[RequestRecord]) -> Path:
+    """Per-request records as JSONL, times relative to the level's first dispatch; atomic."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reqs = list(requests)
+    t0 = min((r.start for r in reqs), default=0.0)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        for r in reqs:
+            d = r.to_dict()
+            d["start"], d["end"] = r.start - t0, r.end - t0
+            f.write(json.dumps(d) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_requests(path: str | Path) -> list[RequestRecord]:
+    with Path(path).open() as f:
+        return [RequestRecord(**json.loads(line)) for line in f if line.strip()]

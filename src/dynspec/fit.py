@@ -1,0 +1,250 @@
+"""Fit a profile's step times so that the simulator reproduces published throughputs.
+
+A fit spec (YAML, configs/fits/) names the throughputs to hit: output tok/s of the
+baseline and EAGLE-3 arms at given concurrencies, or EAGLE-3 as a speedup over the
+baseline.  The profile's step tables have a knot at each target concurrency; the
+fit runs `dynspec sim` itself in the loop (closed-loop clients, prefill included)
+and rescales each knot's step time by simulated/target throughput until every
+target is met.  Knots without a baseline target follow an assumed slope from the
+first knot.  Everything the numbers do not pin down is an assumption, written in
+the spec and copied into the profile's provenance.
+
+    dynspec fit configs/fits/seed-blackwell.yaml --out src/dynspec/profiles/seed-blackwell.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Target(_Strict):
+    concurrency: int = Field(ge=1)
+    baseline: float | None = Field(None, gt=0)  # output tok/s
+    eagle3: float | None = Field(None, gt=0)  # output tok/s
+    eagle3_speedup: float | None = Field(None, gt=0)  # eagle3 / baseline at this concurrency
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _one_eagle(self) -> "Target":
+        if self.eagle3 is not None and self.eagle3_speedup is not None:
+            raise ValueError("give eagle3 or eagle3_speedup, not both")
+        return self
+
+
+class Workload(_Strict):
+    input_len: int = Field(1024, ge=1)
+    output_len: int = Field(256, ge=1)
+    num_prompts: int | None = Field(None, ge=1)  # default: max(5*C, 50), as dynspec sim
+    seed: int = 0
+
+
+class FitSpec(_Strict):
+    name: str
+    description: str = ""
+    hardware: str = ""
+    model: str = ""
+    speculative: Speculative
+    acceptance: Acceptance
+    prefill: Prefill
+    workload: Workload = Workload()
+    targets: list[Target] = Field(min_length=1)
+    # Plain step time per extra request (ms) for knots without a baseline target.
+    plain_slope_ms: float | None = Field(None, ge=0)
+    tolerance: float = Field(0.03, gt=0, lt=1)  # relative error every target must meet
+    source: str
+    kind: Literal["fitted", "derived"] = "fitted"
+    assumptions: list[str] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> "FitSpec":
+        cs = [t.concurrency for t in self.targets]
+        if cs != sorted(set(cs)):
+            raise ValueError("targets must have distinct concurrencies in increasing order")
+        if len(cs) < 2:
+            raise ValueError("need targets at two or more concurrencies (a profile needs two knots)")
+        if self.targets[0].baseline is None:
+            raise ValueError("the first target needs a baseline throughput")
+        for t in self.targets:
+            if t.eagle3 is None and t.eagle3_speedup is None:
+                raise ValueError(f"target at concurrency {t.concurrency} has no eagle3 figure")
+            if t.baseline is None and self.plain_slope_ms is None:
+                raise ValueError(f"target at concurrency {t.concurrency} has no baseline: give plain_slope_ms")
+        return self
+
+
+class FitError(ValueError):
+    """A fit spec that cannot be read or a fit that did not converge."""
+
+
+def load_fit_spec(path: str | Path) -> FitSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise FitError(f"{path}: no such fit spec")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise FitError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise FitError(f"{path}: a fit spec is a YAML mapping")
+    try:
+        return FitSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise FitError(f"{path}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], command: str | None = None) -> Profile:
+    return Profile(
+        name=spec.name, description=spec.description, hardware=spec.hardware, model=spec.model,
+        speculative=spec.speculative, acceptance=spec.acceptance, prefill=spec.prefill,
+        steps=Steps(batch_size=[t.concurrency for t in spec.targets],
+                    plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms]),
+        provenance=Provenance(kind=spec.kind, source=spec.source, command=command,
+                              assumptions=list(spec.assumptions)),
+    )
+
+
+def simulate_targets(profile: Profile, spec: FitSpec) -> dict[tuple[str, int], float]:
+    """Simulated output tok/s of baseline and eagle3 at every target concurrency."""
+    from dynspec.sim import simulate_level
+
+    w = spec.workload
+    out = {}
+    for t in spec.targets:
+        for arm in ("baseline", "eagle3"):
+            metrics, _ = simulate_level(profile, arm, t.concurrency, num_prompts=w.num_prompts,
+                                        input_len=w.input_len, output_len=w.output_len, seed=w.seed)
+            out[(arm, t.concurrency)] = metrics["output_throughput"]
+    return out
+
+
+def target_values(spec: FitSpec, simulated: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+    """The throughput each (arm, concurrency) must reach; speedups are relative to the simulated baseline."""
+    want = {}
+    for t in spec.targets:
+        if t.baseline is not None:
+            want[("baseline", t.concurrency)] = t.baseline
+        if t.eagle3 is not None:
+            want[("eagle3", t.concurrency)] = t.eagle3
+        else:
+            want[("eagle3", t.concurrency)] = t.eagle3_speedup * simulated[("baseline", t.concurrency)]
+    return want
+
+
+def fit(spec: FitSpec, *, max_iter: int = 40, command: str | None = None, log=None) -> tuple[Profile, list[dict]]:
+    """Fit knot step times; return the profile and a table of target vs simulated figures."""
+    cs = [t.concurrency for t in spec.targets]
+    accept = spec.acceptance.accept_length
+    # Start from steady state: a full batch of C emits C tokens per plain step.
+    plain = []
+    for t in spec.targets:
+        if t.baseline is not None:
+            plain.append(1000.0 * t.concurrency / t.baseline)
+        else:
+            plain.append(plain[0] + spec.plain_slope_ms * (t.concurrency - cs[0]))
+    specs_ = []
+    for t, tp in zip(spec.targets, plain):
+        if t.eagle3 is not None:
+            specs_.append(1000.0 * t.concurrency * accept / t.eagle3)
+        else:
+            specs_.append(tp * accept / t.eagle3_speedup)
+    for it in range(max_iter):
+        profile = build_profile(spec, plain, specs_, command)
+        sim = simulate_targets(profile, spec)
+        want = target_values(spec, sim)
+        errors = {k: sim[k] / v - 1.0 for k, v in want.items()}
+        worst = max(abs(e) for e in errors.values())
+        if log:
+            log(f"iteration {it}: worst error {100 * worst:.2f}%")
+        if worst < spec.tolerance / 4:
+            break
+        # Throughput goes as 1/step time: scale each knot by simulated/target.
+        for i, t in enumerate(spec.targets):
+            if ("baseline", t.concurrency) in want and t.baseline is not None:
+                plain[i] *= sim[("baseline", t.concurrency)] / want[("baseline", t.concurrency)]
+            specs_[i] *= sim[("eagle3", t.concurrency)] / want[("eagle3", t.concurrency)]
+        for i, t in enumerate(spec.targets):
+            if t.baseline is None:
+                plain[i] = plain[0] + spec.plain_slope_ms * (t.concurrency - cs[0])
+    table = []
+    for (arm, c), v in want.items():
+        table.append({"arm": arm, "concurrency": c, "target": v, "simulated": sim[(arm, c)],
+                      "error": errors[(arm, c)]})
+    table.sort(key=lambda r: (r["arm"], r["concurrency"]))
+    if worst > spec.tolerance:
+        raise FitError(f"fit of {spec.name} did not converge: worst error {100 * worst:.1f}% "
+                       f"> {100 * spec.tolerance:.0f}% after {max_iter} iterations")
+    return profile, table
+
+
+def format_table(table: list[dict]) -> str:
+    lines = [f"{'arm':9s} {'C':>4s} {'target':>9s} {'simulated':>10s} {'error':>7s}"]
+    for r in table:
+        lines.append(f"{r['arm']:9s} {r['concurrency']:4d} {r['target']:9.1f} {r['simulated']:10.1f} "
+                     f"{100 * r['error']:+6.2f}%")
+    return "\n".join(lines)
+
+
+def profile_yaml(profile: Profile, table: list[dict]) -> str:
+    """The profile as YAML, headed by the fit's residuals as comments."""
+    head = [f"# {profile.name}: written by `{profile.provenance.command}`; do not edit by hand.",
+            "# Simulated vs target output tok/s (workload in provenance.assumptions):"]
+    head += ["#   " + line for line in format_table(table).splitlines()]
+    data = profile.model_dump(mode="json", exclude_none=True)
+    return "\n".join(head) + "\n" + yaml.dump(data, Dumper=_FlowNumbers, sort_keys=False, width=100)
+
+
+class _FlowNumbers(yaml.SafeDumper):
+    """Lists of numbers on one line: step tables read as tables."""
+
+
+def _represent_list(dumper, data):
+    flow = all(isinstance(x, (int, float)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_FlowNumbers.add_representer(list, _represent_list)
+
+
+def _run(args) -> int:
+    import os
+
+    prog = "dynspec fit"
+    try:
+        spec = load_fit_spec(args.spec)
+        out = Path(args.out)
+        if out.suffix not in (".yaml", ".yml"):
+            raise FitError(f"{out}: a profile is written as .yaml")
+        command = f"dynspec fit {args.spec} --out {args.out}"
+        profile, table = fit(spec, command=command, log=(lambda m: print(m, file=sys.stderr)) if args.verbose else None)
+    except FitError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(table))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(profile_yaml(profile, table))
+    os.replace(tmp, out)
+    print(f"wrote {out} (worst error {100 * max(abs(r['error']) for r in table):.2f}%)")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("fit", help="fit a profile's step times to published throughputs (runs the simulator)")
+    p.add_argument("spec", help="a fit spec YAML (see configs/fits/)")
+    p.add_argument("--out", required=True, help="the profile YAML to write")
+    p.add_argument("--verbose", action="store_true", help="print each iteration's worst error")
+    p.set_defaults(func=_run)
+

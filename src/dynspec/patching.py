@@ -1,0 +1,613 @@
+"""`dynspec patch status|apply|revert`: put dynspec's switch into an installed SGLang.
+
+Patches live in patches/sglang-<version>/ (canonical copy: src/dynspec/patches/, so
+they ship inside the package; the top-level patches/ folder of a checkout links to
+it).  Each folder holds a short series of unified diffs, applicable with
+`patch -p1` from the site-packages directory, and manifest.json:
+
+    {"format": 1, "package": "sglang", "version": "0.5.9",
+     "patches": [{"file": "0001-....patch", "sha256": "..."}, ...],
+     "files": {"sglang/srt/...py": {"upstream_sha256": "...", "patched_sha256": "..."}}}
+
+The tool applies the diffs with its own pure-Python applier, in memory, and checks
+every result against the manifest before it writes anything.  Writes go through
+temporary files and os.replace, all files or none (rolled back on failure).  The
+upstream bytes are kept in <sglang>/.dynspec-backup/ for revert, which restores
+them byte for byte (or, if the backup is gone, reverse-applies the series and
+checks the upstream hash).
+
+Exit status: 0 done (or nothing to do); 1 `status` found foreign-modified or
+unsupported-version; 2 refused (one line on stderr, nothing changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PATCHES = "DYNSPEC_PATCHES"
+BACKUP_DIR = ".dynspec-backup"
+BACKUP_STATE = "state.json"
+MANIFEST = "manifest.json"
+
+EXIT_OK, EXIT_STATE, EXIT_REFUSED = 0, 1, 2
+
+UNPATCHED, PATCHED, FOREIGN, UNSUPPORTED = "unpatched", "patched", "foreign-modified", "unsupported-version"
+
+
+class Refusal(Exception):
+    """Refuse the operation: one line for the user, exit 2, nothing changed."""
+
+
+class PatchFormatError(ValueError):
+    """A patch file that is not a well-formed unified diff."""
+
+
+class PatchApplyError(ValueError):
+    """A hunk whose context does not match the file."""
+
+
+# --- unified diffs ---------------------------------------------------------------------
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass
+class Hunk:
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (tag ' '|'-'|'+', text with newline)
+
+    def side(self, reverse: bool) -> tuple[int, int, list[str], list[str]]:
+        """(start, length, lines expected in the source, lines to write) for one direction."""
+        src_tags, dst_tags = (" +", " -") if reverse else (" -", " +")
+        src = [t for tag, t in self.lines if tag in src_tags]
+        dst = [t for tag, t in self.lines if tag in dst_tags]
+        start, length = (self.new_start, self.new_len) if reverse else (self.old_start, self.old_len)
+        return start, length, src, dst
+
+
+@dataclass
+class FilePatch:
+    path: str  # relative to the site-packages root (after stripping a/ or b/: -p1)
+    hunks: list[Hunk]
+
+
+def _strip_path(token: str) -> str:
+    token = token.split("\t", 1)[0].strip()
+    if token == "/dev/null":
+        return token
+    parts = token.split("/", 1)
+    if len(parts) != 2 or not parts[1]:
+        raise PatchFormatError(f"path {token!r} has no a/ or b/ prefix to strip (-p1)")
+    return parts[1]
+
+
+def parse_unified(text: str) -> list[FilePatch]:
+    """Parse a unified diff (one or more files) into FilePatch objects."""
+    lines = text.splitlines(keepends=True)
+    out: list[FilePatch] = []
+    i, n = 0, len(lines)
+    while i < n:
+        if not (lines[i].startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ ")):
+            if lines[i].startswith("@@"):
+                raise PatchFormatError(f"line {i + 1}: hunk outside a file header")
+            i += 1  # preamble: 'diff ...', 'Index:', comments
+            continue
+        old, new = _strip_path(lines[i][4:]), _strip_path(lines[i + 1][4:])
+        if old == "/dev/null" or new == "/dev/null" or old != new:
+            raise PatchFormatError(f"line {i + 1}: only in-place edits of one file are supported ({old} -> {new})")
+        i += 2
+        hunks: list[Hunk] = []
+        while i < n and lines[i].startswith("@@"):
+            m = _HUNK.match(lines[i])
+            if not m:
+                raise PatchFormatError(f"line {i + 1}: malformed hunk header {lines[i].rstrip()!r}")
+            h = Hunk(int(m[1]), int(m[2] or 1), int(m[3]), int(m[4] or 1))
+            i += 1
+            need_old, need_new = h.old_len, h.new_len
+            while need_old > 0 or need_new > 0:
+                if i >= n:
+                    raise PatchFormatError(f"{new}: hunk @@ -{h.old_start} ends early (truncated patch?)")
+                line = lines[i]
+                tag, body = line[:1], line[1:]
+                if line in ("\n", "\r\n"):  # a context line whose leading space was stripped
+                    tag, body = " ", line
+                if tag == "\\":
+                    raise PatchFormatError(f"line {i + 1}: misplaced '\\ No newline' marker")
+                if tag not in " -+":
+                    raise PatchFormatError(f"line {i + 1}: unexpected {line[:20]!r} inside a hunk of {new}")
+                if tag in " -":
+                    need_old -= 1
+                if tag in " +":
+                    need_new -= 1
+                if need_old < 0 or need_new < 0:
+                    raise PatchFormatError(f"line {i + 1}: hunk of {new} longer than its header says")
+                h.lines.append((tag, body))
+                i += 1
+                if i < n and lines[i].startswith("\\"):  # '\ No newline at end of file'
+                    h.lines[-1] = (tag, body.rstrip("\r\n"))
+                    i += 1
+            hunks.append(h)
+        if not hunks:
+            raise PatchFormatError(f"{new}: file header with no hunks")
+        out.append(FilePatch(new, hunks))
+    if not out:
+        raise PatchFormatError("no file diffs found")
+    return out
+
+
+def apply_hunks(text: str, hunks: list[Hunk], *, reverse: bool = False, name: str = "file") -> str:
+    """Apply (or reverse) hunks to text; every context and removed line must match exactly."""
+    old = text.splitlines(keepends=True)
+    out: list[str] = []
+    pos = 0
+    for h in hunks:
+        start, length, src, dst = h.side(reverse)
+        begin = start - 1 if length > 0 else start  # a pure insertion names the line before it
+        if begin < pos or begin + len(src) > len(old) or old[begin:begin + len(src)] != src:
+            raise PatchApplyError(f"{name}: hunk at line {start} does not match")
+        out.extend(old[pos:begin])
+        out.extend(dst)
+        pos = begin + len(src)
+    out.extend(old[pos:])
+    return "".join(out)
+
+
+# --- patch sets and manifests ----------------------------------------------------------
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def patches_root() -> Path:
+    """Where patches/sglang-<version>/ folders live: $DYNSPEC_PATCHES, else inside the package."""
+    env = os.environ.get(ENV_PATCHES, "").strip()
+    return Path(env) if env else Path(__file__).resolve().parent / "patches"
+
+
+def available_versions(root: Path | None = None) -> list[str]:
+    root = root or patches_root()
+    if not root.is_dir():
+        return []
+    found = [p.name[len("sglang-"):] for p in root.iterdir()
+             if p.name.startswith("sglang-") and (p / MANIFEST).is_file()]
+    return sorted(found, key=_version_key)
+
+
+def _version_key(v: str):
+    return [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"[.+-]", v)]
+
+
+@dataclass
+class PatchSet:
+    version: str
+    folder: Path
+    patches: list[tuple[str, list[FilePatch]]]  # series order
+    files: dict[str, tuple[str, str]]  # rel path -> (upstream sha256, patched sha256)
+
+
+def load_patchset(version: str, root: Path | None = None) -> PatchSet | None:
+    """The patch series for one sglang version; None if dynspec has none; Refusal if damaged."""
+    folder = (root or patches_root()) / f"sglang-{version}"
+    mpath = folder / MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("format") != 1 or manifest.get("version") != version:
+            raise ValueError(f"format/version fields say {manifest.get('format')!r}/{manifest.get('version')!r}")
+        files = {rel: (str(v["upstream_sha256"]), str(v["patched_sha256"]))
+                 for rel, v in manifest["files"].items()}
+        entries = [(str(e["file"]), str(e["sha256"])) for e in manifest["patches"]]
+        if not entries or not files:
+            raise ValueError("no patches or no files listed")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Refusal(f"damaged patch set {folder}: bad {MANIFEST} ({exc})") from None
+    patches = []
+    touched: set[str] = set()
+    for name, digest in entries:
+        p = folder / name
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise Refusal(f"damaged patch set {folder}: cannot read {name} ({exc.strerror})") from None
+        if sha256(data) != digest:
+            raise Refusal(f"damaged patch file {p}: sha256 differs from {MANIFEST}")
+        try:
+            fps = parse_unified(_decode(data))
+        except PatchFormatError as exc:
+            raise Refusal(f"damaged patch file {p}: {exc}") from None
+        for fp in fps:
+            if fp.path not in files:
+                raise Refusal(f"damaged patch set {folder}: {name} touches {fp.path}, not listed in {MANIFEST}")
+            touched.add(fp.path)
+        patches.append((name, fps))
+    if touched != set(files):
+        missing = ", ".join(sorted(set(files) - touched))
+        raise Refusal(f"damaged patch set {folder}: {MANIFEST} lists files no patch touches: {missing}")
+    return PatchSet(version, folder, patches, files)
+
+
+def render(ps: PatchSet, contents: dict[str, bytes], *, reverse: bool = False) -> dict[str, bytes]:
+    """Apply the series (or reverse it) to contents {rel: bytes}; PatchApplyError on mismatch."""
+    texts = {rel: _decode(b) for rel, b in contents.items()}
+    series = list(reversed(ps.patches)) if reverse else ps.patches
+    for _, fps in series:
+        for fp in fps:
+            texts[fp.path] = apply_hunks(texts[fp.path], fp.hunks, reverse=reverse, name=fp.path)
+    return {rel: _encode(t) for rel, t in texts.items()}
+
+
+def build_manifest(version: str, folder: Path, upstream_root: Path) -> dict:
+    """Manifest for the .patch files in `folder` against an upstream sglang tree (maintainers)."""
+    names = sorted(p.name for p in folder.glob("*.patch"))
+    if not names:
+        raise Refusal(f"no .patch files in {folder}")
+    ps = PatchSet(version, folder, [], {})
+    upstream: dict[str, bytes] = {}
+    for name in names:
+        fps = parse_unified(_decode((folder / name).read_bytes()))
+        ps.patches.append((name, fps))
+        for fp in fps:
+            if fp.path not in upstream:
+                upstream[fp.path] = (upstream_root / fp.path).read_bytes()
+    patched = render(ps, upstream)
+    return {
+        "format": 1,
+        "package": "sglang",
+        "version": version,
+        "patches": [{"file": n, "sha256": sha256((folder / n).read_bytes())} for n in names],
+        "files": {rel: {"upstream_sha256": sha256(upstream[rel]), "patched_sha256": sha256(patched[rel])}
+                  for rel in sorted(upstream)},
+    }
+
+
+# --- the installed sglang --------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    root: Path  # the directory that holds sglang/ (site-packages)
+    version: str | None
+
+    @property
+    def pkg(self) -> Path:
+        return self.root / "sglang"
+
+    @property
+    def backup(self) -> Path:
+        return self.pkg / BACKUP_DIR
+
+
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+
+
+def read_version(pkg: Path) -> str | None:
+    """sglang's version without importing it: _version.py, else the dist-info next to it."""
+    vfile = pkg / "_version.py"
+    if vfile.is_file():
+        m = _VERSION_RE.search(vfile.read_text(errors="replace"))
+        if m:
+            return m[1]
+    for meta in sorted(pkg.parent.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+    return None
+
+
+def find_sglang(path: str | os.PathLike | None = None) -> Target:
+    """The sglang to patch: --sglang-path (site-packages dir or the sglang dir), else the
+    one this Python would import (located without importing it)."""
+    if path is not None:
+        p = Path(path).expanduser()
+        if (p / "sglang" / "__init__.py").is_file():
+            root = p
+        elif p.name == "sglang" and (p / "__init__.py").is_file():
+            root = p.parent
+        else:
+            raise Refusal(f"no sglang found at {p} (give the site-packages directory or the sglang package directory)")
+    else:
+        try:
+            spec = importlib.util.find_spec("sglang")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise Refusal(f"no sglang found for {sys.executable}; install sglang or pass --sglang-path DIR")
+        root = Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    return Target(root, read_version(root / "sglang"))
+
+
+@dataclass
+class Status:
+    state: str
+    target: Target
+    patchset: PatchSet | None
+    current: dict[str, bytes | None] = field(default_factory=dict)
+    detail: str = ""
+
+    def line(self) -> str:
+        version = self.target.version or "unknown"
+        text = f"{self.state} {version} {self.target.pkg}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+def status(target: Target, root: Path | None = None) -> Status:
+    if target.version is None:
+        return Status(UNSUPPORTED, target, None, detail="cannot read sglang's version")
+    ps = load_patchset(target.version, root)
+    if ps is None:
+        have = ", ".join(available_versions(root)) or "none"
+        return Status(UNSUPPORTED, target, None, detail=f"dynspec has patches for sglang {have}")
+    current: dict[str, bytes | None] = {}
+    states = []
+    for rel, (up, patched) in ps.files.items():
+        f = target.root / rel
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            current[rel] = None
+            states.append((rel, "missing"))
+            continue
+        except OSError as exc:
+            raise Refusal(f"cannot read {f} ({exc.strerror})") from None
+        current[rel] = data
+        h = sha256(data)
+        states.append((rel, "upstream" if h == up else "patched" if h == patched else "other"))
+    kinds = {s for _, s in states}
+    if kinds == {"upstream"}:
+        return Status(UNPATCHED, target, ps, current)
+    if kinds == {"patched"}:
+        return Status(PATCHED, target, ps, current)
+    odd = [f"{rel} ({s})" for rel, s in states if s in ("other", "missing")]
+    if odd:
+        detail = f"{odd[0]} matches neither the upstream {ps.version} file nor dynspec's patched one"
+        if len(odd) > 1:
+            detail += f" (+{len(odd) - 1} more)"
+    else:
+        done = sum(1 for _, s in states if s == "patched")
+        detail = f"partly patched ({done} of {len(states)} files)"
+    return Status(FOREIGN, target, ps, current, detail)
+
+
+# --- writing: all files or none --------------------------------------------------------
+
+
+def _check_writable(paths: list[Path]) -> None:
+    for p in paths:
+        d = p if p.is_dir() else p.parent
+        if not os.access(d, os.W_OK | os.X_OK) or (p.is_file() and not os.access(p, os.W_OK)):
+            raise Refusal(f"no write permission for {p}")
+
+
+def write_all(files: dict[Path, bytes]) -> None:
+    """Replace every file with new bytes, or none: temp files first, then os.replace
+    each, rolling back the replaced ones if any step fails."""
+    temps: dict[Path, Path] = {}
+    saved: dict[Path, bytes | None] = {}
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dynspec-tmp", dir=path.parent)
+            temps[path] = Path(tmp)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+                saved[path] = path.read_bytes()
+            else:
+                os.chmod(tmp, 0o644)
+                saved[path] = None
+    except OSError as exc:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, PermissionError):
+            raise Refusal(f"no write permission for {exc.filename or 'a target directory'}") from None
+        raise Refusal(f"cannot write ({exc}); nothing changed") from None
+    done: list[Path] = []
+    try:
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            done.append(path)
+    except OSError as exc:
+        for path in done:  # roll back what was already replaced
+            old = saved[path]
+            if old is None:
+                path.unlink(missing_ok=True)
+            else:
+                _restore(path, old)
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise Refusal(f"write failed ({exc}); rolled back, nothing changed") from None
+
+
+def _restore(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dynspec-tmp", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+# --- the operations --------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    code: int
+    message: str
+
+
+def _require(st: Status) -> PatchSet:
+    if st.state == UNSUPPORTED:
+        raise Refusal(f"refused: sglang {st.target.version or '(unknown version)'} at {st.target.pkg} is "
+                      f"unsupported ({st.detail}); nothing changed")
+    assert st.patchset is not None
+    return st.patchset
+
+
+def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    st = status(target, root)
+    ps = _require(st)
+    where = f"sglang {ps.version} at {target.pkg}"
+    if st.state == PATCHED:
+        return Outcome(EXIT_OK, f"already patched: {where}; nothing changed")
+    if st.state == FOREIGN:
+        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
+    originals = {rel: data for rel, data in st.current.items() if data is not None}
+    try:
+        patched = render(ps, originals)
+    except PatchApplyError as exc:
+        raise Refusal(f"damaged patch set {ps.folder}: {exc}; nothing changed") from None
+    for rel, data in patched.items():
+        if sha256(data) != ps.files[rel][1]:
+            raise Refusal(f"damaged patch set {ps.folder}: patched {rel} does not match {MANIFEST}; nothing changed")
+    if dry_run:
+        return Outcome(EXIT_OK, f"would patch {where}: {len(patched)} files ({', '.join(sorted(patched))})")
+    paths = [target.root / rel for rel in patched]
+    _check_writable(paths + [target.pkg])
+    # The backup (upstream bytes + state) goes in the same transaction as the patched files.
+    state = {"package": "sglang", "version": ps.version,
+             "files": {rel: ps.files[rel][0] for rel in sorted(patched)}}
+    writes: dict[Path, bytes] = {target.backup / rel: originals[rel] for rel in patched}
+    writes[target.backup / BACKUP_STATE] = (json.dumps(state, indent=2) + "\n").encode()
+    writes.update({target.root / rel: data for rel, data in patched.items()})
+    backup_existed = target.backup.exists()
+    try:
+        write_all(writes)
+    except Refusal:
+        if not backup_existed:
+            shutil.rmtree(target.backup, ignore_errors=True)
+        raise
+    after = status(target, root)
+    if after.state != PATCHED:  # should not happen: every byte was checked above
+        raise Refusal(f"apply left {where} {after.state}: {after.detail}")
+    return Outcome(EXIT_OK, f"patched: {where}: {len(patched)} files; upstream copies kept in {target.backup} for revert")
+
+
+def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> dict[str, bytes]:
+    """The upstream files: from the backup when it is intact, else by reversing the series."""
+    out: dict[str, bytes] = {}
+    for rel, (up, _) in ps.files.items():
+        b = target.backup / rel
+        try:
+            data = b.read_bytes()
+        except OSError:
+            break
+        if sha256(data) != up:
+            break
+        out[rel] = data
+    else:
+        return out
+    try:
+        out = render(ps, current, reverse=True)
+    except PatchApplyError as exc:
+        raise Refusal(f"cannot rebuild the upstream files ({exc}); nothing changed") from None
+    for rel, data in out.items():
+        if sha256(data) != ps.files[rel][0]:
+            raise Refusal(f"cannot rebuild upstream {rel} (no intact backup in {target.backup}); nothing changed")
+    return out
+
+
+def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    st = status(target, root)
+    ps = _require(st)
+    where = f"sglang {ps.version} at {target.pkg}"
+    if st.state == UNPATCHED:
+        return Outcome(EXIT_OK, f"not patched: {where}; nothing to revert")
+    if st.state == FOREIGN:
+        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
+    current = {rel: data for rel, data in st.current.items() if data is not None}
+    upstream = _upstream_bytes(target, ps, current)
+    if dry_run:
+        return Outcome(EXIT_OK, f"would revert {where}: {len(upstream)} files ({', '.join(sorted(upstream))})")
+    paths = [target.root / rel for rel in upstream]
+    _check_writable(paths)
+    write_all({target.root / rel: data for rel, data in upstream.items()})
+    shutil.rmtree(target.backup, ignore_errors=True)
+    after = status(target, root)
+    if after.state != UNPATCHED:
+        raise Refusal(f"revert left {where} {after.state}: {after.detail}")
+    return Outcome(EXIT_OK, f"reverted: {where}: {len(upstream)} files restored byte for byte")
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.patch_command == "manifest":
+            return _manifest(args)
+        target = find_sglang(args.sglang_path)
+        if args.patch_command == "status":
+            st = status(target)
+            print(st.line())
+            return EXIT_OK if st.state in (UNPATCHED, PATCHED) else EXIT_STATE
+        op = do_apply if args.patch_command == "apply" else do_revert
+        out = op(target, dry_run=args.dry_run)
+        print(out.message)
+        return out.code
+    except Refusal as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("refused") else f"refused: {msg}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    target = find_sglang(args.sglang_path)
+    version = args.version or target.version
+    if not version:
+        raise Refusal("cannot read sglang's version; pass --version")
+    folder = patches_root() / f"sglang-{version}"
+    manifest = build_manifest(version, folder, target.root)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {folder / MANIFEST}: {len(manifest['patches'])} patches, {len(manifest['files'])} files")
+    return EXIT_OK
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("patch", help="patch an installed SGLang with dynspec's speculate/plain switch",
+                       description="Apply, revert or inspect dynspec's patch of an installed SGLang. "
+                                   "Refusals exit 2 with one line and change nothing.")
+    psub = p.add_subparsers(dest="patch_command", required=True, metavar="ACTION")
+    helps = {
+        "status": "print one line: unpatched|patched|foreign-modified|unsupported-version, the version, the path",
+        "apply": "patch sglang (atomic, idempotent; keeps what revert needs)",
+        "revert": "restore every touched file byte for byte",
+    }
+    for name, text in helps.items():
+        a = psub.add_parser(name, help=text)
+        a.add_argument("--sglang-path", metavar="DIR",
+                       help="site-packages directory (or the sglang package directory); "
+                            "default: the sglang this Python imports")
+        a.add_argument("--dry-run", action="store_true", help="check everything, write nothing")
+        a.set_defaults(func=_run)
+    m = psub.add_parser("manifest", help="(maintainers) regenerate manifest.json from the .patch files "
+                                         "and a pristine sglang")
+    m.add_argument("--sglang-path", metavar="DIR", help="a pristine (unpatched) sglang of that version")
+    m.add_argument("--version", help="default: the version found at --sglang-path")
+    m.set_defaults(func=_run, dry_run=False)

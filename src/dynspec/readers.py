@@ -1,0 +1,206 @@
+"""Results made by hand, brought into dynspec's one table.
+
+Two formats: the JSONL that `python -m sglang.bench_serving --output-file F` appends
+(one object per run), and the JSON that `vllm bench serve --save-result` writes (one
+object per file).  Both already use bench_serving's metric definitions, so the numbers
+are copied, not recomputed; what a format lacks is NaN.
+
+`dynspec import-results FILE... --out results.csv` turns them into a results file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from dynspec.results import make_row
+
+
+class ReaderError(ValueError):
+    """A results file that cannot be read; one line naming the file (and line) and the problem."""
+
+
+_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+def _num(d: dict, key: str) -> float:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _policy(server_info) -> str:
+    """What the server ran, as far as its /get_server_info says."""
+    if not isinstance(server_info, dict):
+        return ""
+    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
+        server_info = server_info["decode"][0]
+    block = server_info.get("dynspec")
+    if isinstance(block, dict) and block.get("policy"):
+        return str(block["policy"])
+    if "speculative_algorithm" in server_info:
+        return "always" if server_info.get("speculative_algorithm") else "none"
+    return ""
+
+
+def _concurrency(obj: dict, where: str) -> int:
+    c = obj.get("max_concurrency")
+    if not isinstance(c, int) or isinstance(c, bool) or c < 1:
+        raise ReaderError(f"{where}: max_concurrency is {c!r}; only closed-loop runs "
+                          f"(--max-concurrency N) fit the table's concurrency levels")
+    return c
+
+
+def _failed(obj: dict) -> float:
+    if isinstance(obj.get("failed"), int):
+        return obj["failed"]
+    errors = obj.get("errors")
+    if isinstance(errors, list):
+        return sum(1 for e in errors if e)
+    return math.nan
+
+
+def _repeat(seen: dict, arm: str, c: int) -> int:
+    r = seen.get((arm, c), 0)
+    seen[(arm, c)] = r + 1
+    return r
+
+
+def _check(obj, where: str, needed: tuple[str, ...]) -> dict:
+    if not isinstance(obj, dict):
+        raise ReaderError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing = [k for k in needed if k not in obj]
+    if missing:
+        raise ReaderError(f"{where}: not a benchmark result (missing {', '.join(missing)})")
+    return obj
+
+
+def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
+                      profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
+    obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
+    c = _concurrency(obj, where)
+    metrics = {
+        "completed": obj["completed"], "failed": _failed(obj), "duration_s": _num(obj, "duration"),
+        "total_input_tokens": _num(obj, "total_input_tokens"),
+        "total_output_tokens": _num(obj, "total_output_tokens"),
+        "output_throughput": _num(obj, "output_throughput"),
+        "request_throughput": _num(obj, "request_throughput"),
+        "accept_length": _num(obj, "accept_length"),
+    }
+    for m in _METRICS:
+        src = "e2e_latency" if m == "e2e" else m
+        for s in ("mean", "median", "p99"):
+            metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms")
+    ids = dict(run_id=run_id, arm=arm or obj.get("tag") or obj.get("backend") or "bench_serving",
+               policy=_policy(obj.get("server_info")), backend=backend, profile=profile,
+               concurrency=c, repeat=repeat)
+    return make_row(ids, metrics)
+
+
+def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str | None = None,
+                       profile: str = "", backend: str = "live") -> list[dict]:
+    """Rows from an sglang.bench_serving JSONL file, one per line; repeats numbered in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReaderError(f"{path}: no such file")
+    rows, seen = [], {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReaderError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        row = bench_serving_row(obj, where=f"{path}:{i}", arm=arm, run_id=run_id or path.stem,
+                                profile=profile, backend=backend)
+        row["repeat"] = _repeat(seen, row["arm"], row["concurrency"])
+        rows.append(row)
+    if not rows:
+        raise ReaderError(f"{path}: no results in the file")
+    return rows
+
+
+def vllm_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "", profile: str = "",
+             backend: str = "live", repeat: int = 0) -> dict:
+    obj = _check(obj, where, ("completed", "duration", "output_throughput"))
+    c = _concurrency(obj, where)
+    metrics = {
+        "completed": obj["completed"], "failed": _failed(obj), "duration_s": _num(obj, "duration"),
+        "total_input_tokens": _num(obj, "total_input_tokens"),
+        "total_output_tokens": _num(obj, "total_output_tokens"),
+        "output_throughput": _num(obj, "output_throughput"),
+        "request_throughput": _num(obj, "request_throughput"),
+        # vLLM's acceptance length counts the bonus token, as SGLang's does.
+        "accept_length": _num(obj, "spec_decode_acceptance_length"),
+    }
+    for m in _METRICS:
+        src = "e2el" if m == "e2e" else m
+        for s in ("mean", "median", "p99"):
+            metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms")
+    spec = obj.get("spec_decode_acceptance_length") is not None
+    ids = dict(run_id=run_id, arm=arm or obj.get("label") or obj.get("backend") or "vllm",
+               policy="always" if spec else "", backend=backend, profile=profile, concurrency=c, repeat=repeat)
+    return make_row(ids, metrics)
+
+
+def read_vllm_bench(path: str | Path, *, arm: str | None = None, run_id: str | None = None,
+                    profile: str = "", backend: str = "live") -> list[dict]:
+    """One row from a `vllm bench serve --save-result` JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReaderError(f"{path}: no such file")
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReaderError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    return [vllm_row(obj, where=str(path), arm=arm, run_id=run_id or path.stem, profile=profile,
+                     backend=backend)]
+
+
+def read_external(path: str | Path, **kwargs) -> list[dict]:
+    """Either format, told apart by content: a JSONL of bench_serving runs or one vLLM JSON object."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReaderError(f"{path}: no such file")
+    text = path.read_text().strip()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return read_bench_serving(path, **kwargs)  # several lines: JSONL
+    if isinstance(obj, dict) and ("mean_e2e_latency_ms" in obj or "accept_length" in obj):
+        return read_bench_serving(path, **kwargs)
+    return read_vllm_bench(path, **kwargs)
+
+
+def merge_repeats(rows: list[dict]) -> list[dict]:
+    """Number repeats across files: the n-th run of (arm, concurrency) gets repeat n."""
+    seen: dict = {}
+    for row in rows:
+        row["repeat"] = _repeat(seen, row["arm"], row["concurrency"])
+    return rows
+
+
+def _import(args) -> int:
+    from dynspec.results import write_table
+
+    rows = []
+    try:
+        for f in args.files:
+            rows += read_external(f, arm=args.arm, run_id=args.run_id, profile=args.profile)
+        write_table(merge_repeats(rows), args.out)
+    except (ReaderError, ValueError) as exc:
+        print(f"dynspec import-results: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("import-results", help="sglang.bench_serving JSONL / vLLM bench serve JSON -> results table")
+    p.add_argument("files", nargs="+", help="bench_serving --output-file JSONL or vllm --save-result JSON files")
+    p.add_argument("--out", required=True, help="results file to write (.csv or .parquet)")
+    p.add_argument("--arm", help="arm name for every row (default: the file's tag/label, else its backend)")
+    p.add_argument("--run-id", help="run id for every row (default: each file's name)")
+    p.add_argument("--profile", default="", help="profile column (what the run measured, if known)")
+    p.set_defaults(func=_import)

@@ -1,0 +1,701 @@
+"""Figures and tables from a run's results, with the seed's reference numbers beside them.
+
+The report notebook (notebooks/03_report) is a thin reader over this module: every
+number it shows is computed here from the results table (dynspec.results), so the
+same findings can be checked in tests and quoted in the run index.
+
+Roles: the *baseline* arm never speculates (policy `none` or `never`, or an arm named baseline)
+and the *eagle3* arm always does (policy `always`, or an arm named eagle3).  Every
+other arm is a policy judged against the envelope max(baseline, eagle3): the best a
+server could do if it knew, at each load, which of the two static choices wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from dynspec.results import METRIC_COLUMNS, read_table
+
+SEED_LABEL = "measured by the seed investigation on 8x RTX PRO 6000 Blackwell, TP 8"
+REFERENCE_COLUMNS = ["arm", "concurrency", "output_throughput", "approximate", "level", "source"]
+# Where the seed's table lives in a checkout (data/ is not package data).
+DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "data" / "reference" / "seed.csv"
+LEVEL_METRICS = [
+    "output_throughput", "request_throughput",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms",
+    "median_itl_ms", "p99_itl_ms", "accept_length", "spec_step_fraction", "switches",
+]
+
+
+class ReportError(ValueError):
+    """A run or reference that cannot be reported on; the message is one line naming it."""
+
+
+# Loading ------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One run folder as the report sees it."""
+
+    run_dir: Path
+    run_id: str
+    results: pd.DataFrame
+    meta: dict = field(default_factory=dict)  # run.json
+    config: dict = field(default_factory=dict)  # config.yaml (resolved)
+    environment: dict = field(default_factory=dict)  # environment.json
+
+    @property
+    def backend(self) -> str:
+        return _one(self.results, "backend") or str(self.meta.get("backend", ""))
+
+    @property
+    def profile(self) -> str:
+        return _one(self.results, "profile") or str(self.meta.get("profile") or self.config.get("profile", ""))
+
+    @property
+    def hardware(self) -> str:
+        return str(self.meta.get("hardware") or self.config.get("hardware") or "")
+
+    @property
+    def config_name(self) -> str:
+        return str(self.meta.get("config") or self.config.get("name") or "")
+
+
+def _one(df: pd.DataFrame, col: str) -> str:
+    vals = sorted({str(v) for v in df[col].dropna() if str(v)}) if col in df else []
+    return ", ".join(vals)
+
+
+def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Metric columns as floats whatever the file held (a column with no value at all reads as text)."""
+    df = df.copy()
+    for col in METRIC_COLUMNS:
+        if col != "error" and col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read data/runs/<run-id>/: results.csv (required), run.json, config.yaml, environment.json."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run folder")
+    results_path = run_dir / "results.csv"
+    if not results_path.is_file():
+        raise ReportError(f"{run_dir}: no results.csv (did the sweep start?)")
+    try:
+        df = read_table(results_path)
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ReportError(f"{results_path}: {exc}") from None
+    if df.empty:
+        raise ReportError(f"{results_path}: no rows yet")
+    df = numeric_metrics(df)
+    meta = _read_json(run_dir / "run.json")
+    config: dict = {}
+    if (run_dir / "config.yaml").is_file():
+        loaded = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = loaded if isinstance(loaded, dict) else {}
+    run_id = str(meta.get("run_id") or _one(df, "run_id") or run_dir.name)
+    return Run(run_dir, run_id, df, meta, config, _read_json(run_dir / "environment.json"))
+
+
+def list_runs(runs_dir: str | Path) -> list[Path]:
+    """Run folders that hold a results file, oldest first (by modification time)."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    runs = [p for p in runs_dir.iterdir() if p.is_dir() and (p / "results.csv").is_file()]
+    return sorted(runs, key=lambda p: ((p / "results.csv").stat().st_mtime, p.name))
+
+
+def latest_run(runs_dir: str | Path) -> Path | None:
+    runs = list_runs(runs_dir)
+    return runs[-1] if runs else None
+
+
+def load_reference(path: str | Path | None = None) -> pd.DataFrame:
+    """The seed's measured table (data/reference/seed.csv), validated."""
+    path = Path(path) if path is not None else DEFAULT_REFERENCE
+    if not path.is_file():
+        raise ReportError(f"{path}: no such reference table")
+    df = pd.read_csv(path)
+    missing = [c for c in REFERENCE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ReportError(f"{path}: missing reference columns: {', '.join(missing)}")
+    thr = pd.to_numeric(df["output_throughput"], errors="coerce")
+    conc = pd.to_numeric(df["concurrency"], errors="coerce")
+    if thr.isna().any() or (thr <= 0).any() or conc.isna().any() or (conc < 1).any():
+        raise ReportError(f"{path}: concurrency and output_throughput must be positive numbers")
+    df["output_throughput"], df["concurrency"] = thr.astype(float), conc.astype(int)
+    df["approximate"] = df["approximate"].astype(str).str.lower().isin(["true", "1", "yes"])
+    return df[REFERENCE_COLUMNS]
+
+
+# Tables -------------------------------------------------------------------------------
+
+def static_arms(levels: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(arms that never speculate, arms that always do), by policy, else by the seed's arm names.
+
+    A server without speculation is written "none" (no drafter) or "never" (a policy that
+    declines); a config may hold several always-speculating arms (EAGLE-3 on the v1 and
+    the v2 worker, say).
+    """
+    pol = levels["policy"].astype(str) if "policy" in levels else pd.Series("", index=levels.index)
+    arms = set(levels["arm"])
+    plain = sorted(set(levels.loc[pol.isin(["none", "never"]), "arm"])) or sorted(arms & {"baseline"})
+    spec = sorted(set(levels.loc[pol == "always", "arm"])) or sorted(arms & {"eagle3"})
+    return plain, spec
+
+
+def roles(levels: pd.DataFrame) -> tuple[str | None, str | None]:
+    """(the baseline arm, the eagle3 arm): an arm so named if there is one, else the first by name."""
+    plain, spec = static_arms(levels)
+
+    def pick(arms: list[str], name: str) -> str | None:
+        return name if name in arms else (arms[0] if arms else None)
+
+    return pick(plain, "baseline"), pick(spec, "eagle3")
+
+
+def level_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run_id, arm, concurrency): repeats averaged, failed repeats left out.
+
+    A repeat counts as failed when it has an error or completed nothing; `repeats` and
+    `failed_repeats` say how many went into and out of each mean.
+    """
+    df = numeric_metrics(results)
+    bad = (df["error"].astype(str) != "") | ~(pd.to_numeric(df["completed"], errors="coerce") > 0) \
+        | pd.to_numeric(df["output_throughput"], errors="coerce").isna()
+    df["_bad"] = bad
+    keys = ["run_id", "arm", "concurrency"]
+    agg = {m: "mean" for m in LEVEL_METRICS}
+    good = df[~bad]
+    out = good.groupby(keys, sort=True).agg(agg).reset_index() if len(good) else pd.DataFrame(columns=keys + LEVEL_METRICS)
+    counts = df.groupby(keys).agg(repeats=("_bad", "size"), failed_repeats=("_bad", "sum"),
+                                  policy=("policy", "first"), backend=("backend", "first"),
+                                  profile=("profile", "first")).reset_index()
+    out = counts.merge(out, on=keys, how="left")
+    out["concurrency"] = out["concurrency"].astype(int)
+    return out.sort_values(["run_id", "arm", "concurrency"]).reset_index(drop=True)
+
+
+def failed_levels(results: pd.DataFrame) -> pd.DataFrame:
+    """The rows that failed, with their error: shown in the report, never averaged in."""
+    bad = (results["error"].astype(str) != "") | ~(pd.to_numeric(results["completed"], errors="coerce") > 0)
+    return results.loc[bad, ["arm", "concurrency", "repeat", "completed", "failed", "error"]].reset_index(drop=True)
+
+
+def speedup_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Each arm's output throughput over the baseline's at the same concurrency."""
+    base, _ = roles(levels)
+    if base is None:
+        raise ReportError("no baseline arm (policy none or never, or an arm named baseline) to compare with")
+    b = levels.loc[levels["arm"] == base, ["run_id", "concurrency", "output_throughput"]]
+    b = b.rename(columns={"output_throughput": "baseline_throughput"})
+    out = levels.merge(b, on=["run_id", "concurrency"], how="inner")
+    out["speedup"] = out["output_throughput"] / out["baseline_throughput"]
+    return out[["run_id", "arm", "policy", "concurrency", "output_throughput", "baseline_throughput", "speedup"]]
+
+
+def envelope_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Per arm and concurrency: the envelope max(baseline, eagle3) and the arm's share of it.
+
+    With several static arms of a kind (EAGLE-3 v1 and v2), the envelope is the best of all.
+    """
+    plain, spec = static_arms(levels)
+    if not plain or not spec:
+        raise ReportError("the envelope needs a baseline arm and an always-speculate (eagle3) arm")
+    wide = levels.pivot_table(index=["run_id", "concurrency"], columns="arm", values="output_throughput")
+    static = wide[[a for a in plain + spec if a in wide.columns]]
+    # A level where any static arm is missing has no envelope (skipna=False), not a smaller one.
+    env = static.max(axis=1, skipna=False).rename("envelope")
+    best = static.fillna(-1.0).idxmax(axis=1).where(env.notna()).rename("envelope_arm")
+    out = levels.merge(pd.concat([env, best], axis=1).reset_index(), on=["run_id", "concurrency"], how="inner")
+    out["of_envelope"] = out["output_throughput"] / out["envelope"]
+    return out[["run_id", "arm", "policy", "concurrency", "output_throughput", "envelope", "envelope_arm",
+                "of_envelope"]]
+
+
+def envelope_summary(levels: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: mean and worst share of the envelope over the levels measured."""
+    env = envelope_table(levels).dropna(subset=["of_envelope"])
+    g = env.groupby(["run_id", "arm"])["of_envelope"]
+    out = pd.DataFrame({"mean_of_envelope": g.mean(), "worst_of_envelope": g.min(),
+                        "levels": g.size()}).reset_index()
+    worst_at = env.loc[g.idxmin(), ["run_id", "arm", "concurrency"]].rename(columns={"concurrency": "worst_at_concurrency"})
+    return out.merge(worst_at, on=["run_id", "arm"]).sort_values(["run_id", "mean_of_envelope"], ascending=[True, False])
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where EAGLE-3 stops paying: speedup over baseline falls through 1.
+
+    status: "crosses" (concurrency interpolated on a log axis between two measured
+    levels), "never-pays" (EAGLE-3 loses at every level measured: any crossover is
+    below the lowest), "always-pays" (it wins at every level: any crossover is above
+    the highest), or "unknown" (no level has both arms).
+    """
+
+    status: str
+    concurrency: float | None = None
+    between: tuple[int, int] | None = None
+    arm: str = "eagle3"
+
+    def describe(self) -> str:
+        who = "EAGLE-3" if self.arm == "eagle3" else f"EAGLE-3 (`{self.arm}`)"
+        if self.status == "crosses":
+            lo, hi = self.between
+            return f"{who} stops paying at about C={self.concurrency:.1f} (between C={lo} and C={hi})"
+        if self.status == "never-pays":
+            return f"{who} loses to the baseline at every concurrency measured: no crossover in range"
+        if self.status == "always-pays":
+            return f"{who} beats the baseline at every concurrency measured: the crossover lies beyond the range"
+        return "no crossover: the run lacks a baseline or an eagle3 arm at a common concurrency"
+
+
+def crossover(levels: pd.DataFrame, arm: str | None = None) -> Crossover:
+    """The first concurrency, going up, at which EAGLE-3's speedup over baseline drops below 1.
+
+    arm: which always-speculating arm (default: the eagle3 arm of `roles`).
+    """
+    base, spec = roles(levels)
+    spec = arm or spec
+    if base is None or spec is None:
+        return Crossover("unknown")
+    sp = speedup_table(levels)
+    s = sp.loc[sp["arm"] == spec].dropna(subset=["speedup"]).groupby("concurrency")["speedup"].mean().sort_index()
+    if s.empty:
+        return Crossover("unknown", arm=spec)
+    pays = (s >= 1.0).to_numpy()
+    if not pays.any():
+        return Crossover("never-pays", arm=spec)
+    for i in range(len(s) - 1):
+        if pays[i] and not pays[i + 1]:
+            (c0, r0), (c1, r1) = (s.index[i], s.iloc[i]), (s.index[i + 1], s.iloc[i + 1])
+            # Linear in log(concurrency): levels are spaced geometrically.
+            t = (r0 - 1.0) / (r0 - r1)
+            c = math.exp(math.log(c0) + t * (math.log(c1) - math.log(c0)))
+            return Crossover("crosses", c, (int(c0), int(c1)), spec)
+    # Pays at every level, or loses first and pays from some level on (never falling back).
+    return Crossover("always-pays", arm=spec)
+
+
+def reference_comparison(levels: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """The seed's numbers beside the run's at the seed's levels (the run interpolated in log C).
+
+    Values outside the run's measured range are left empty rather than extrapolated.
+    """
+    base, spec = roles(levels)
+    names = {"baseline": base, "eagle3": spec}
+    rows = []
+    for _, r in reference.iterrows():
+        arm = names.get(r["arm"], r["arm"])
+        mine = levels.loc[levels["arm"] == arm].dropna(subset=["output_throughput"]).sort_values("concurrency")
+        val = math.nan
+        if len(mine) and mine["concurrency"].min() <= r["concurrency"] <= mine["concurrency"].max():
+            val = float(np.interp(math.log(r["concurrency"]), np.log(mine["concurrency"].to_numpy(float)),
+                                  mine["output_throughput"].to_numpy(float)))
+        rows.append({"arm": r["arm"], "run_arm": arm, "concurrency": int(r["concurrency"]), "level": r["level"],
+                     "seed_output_throughput": r["output_throughput"], "approximate": bool(r["approximate"]),
+                     "run_output_throughput": val, "run_over_seed": val / r["output_throughput"]})
+    return pd.DataFrame(rows)
+
+
+def latency_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Median and p99 TTFT and TPOT (ms) by concurrency (rows) and arm (columns)."""
+    cols = {"median_ttft_ms": "TTFT median", "p99_ttft_ms": "TTFT p99",
+            "median_tpot_ms": "TPOT median", "p99_tpot_ms": "TPOT p99"}
+    return _wide_many(levels, cols)
+
+
+def speculation_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Accept length, fraction of steps speculated and mode switches by concurrency and arm."""
+    cols = {"accept_length": "accept length", "spec_step_fraction": "steps speculated", "switches": "switches"}
+    return _wide_many(levels, cols)
+
+
+def _wide_many(levels: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
+    order = arm_order(levels)
+    parts = {label: levels.pivot_table(index="concurrency", columns="arm", values=col, dropna=False)
+             .reindex(columns=[a for a in order if a in set(levels["arm"])]) for col, label in cols.items()}
+    return pd.concat(parts, axis=1)
+
+
+# Words --------------------------------------------------------------------------------
+
+def open_run(run_dir: str | Path | None, *, runs_dir: str | Path = "data/runs",
+             fallback_config: str | Path | None = None) -> Run:
+    """The run to report on: run_dir, else the latest in runs_dir, else a sim run of fallback_config.
+
+    The fallback lets the report notebook run top to bottom on a fresh checkout.
+    """
+    if run_dir is not None:
+        return load_run(run_dir)
+    latest = latest_run(runs_dir)
+    if latest is not None:
+        return load_run(latest)
+    if fallback_config is None:
+        raise ReportError(f"{runs_dir}: no runs yet (run a sweep first)")
+    from dynspec.config import load_config
+    from dynspec.sweep import run_sweep
+
+    print(f"{runs_dir}: no runs yet; simulating {fallback_config} to have one")
+    res = run_sweep(load_config(fallback_config), backend="sim", runs_dir=str(runs_dir), progress=False,
+                    config_path=str(fallback_config))
+    return load_run(res.run_dir)
+
+
+def wide(table: pd.DataFrame, value: str, digits: int = 2) -> pd.DataFrame:
+    """A value by concurrency (rows) and arm (columns), for display."""
+    if table["run_id"].nunique() > 1:
+        return table.pivot_table(index="concurrency", columns=["run_id", "arm"], values=value).round(digits)
+    out = table.pivot_table(index="concurrency", columns="arm", values=value)
+    return out.reindex(columns=[a for a in arm_order(table) if a in out.columns]).round(digits)
+
+
+
+def banner(run: Run) -> str:
+    """One line that says where the numbers come from; the report shows it first."""
+    backend = run.backend
+    if backend == "sim":
+        return (f"Simulated: these numbers are simulated from profile {run.profile} "
+                f"(dynspec's in-process simulator, virtual time), not measured on a GPU.")
+    if backend == "emulate":
+        return (f"Emulated: these numbers are simulated from profile {run.profile}, served in real time by "
+                f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU.")
+    hw = f" on {run.hardware}" if run.hardware else ""
+    return f"Measured live{hw} (backend {backend or 'unknown'})."
+
+
+def headline(run: Run) -> dict:
+    """The few figures the run index shows for a run."""
+    levels = level_table(run.results)
+    base, spec = roles(levels)
+    out: dict = {"run_id": run.run_id, "backend": run.backend, "profile": run.profile,
+                 "config": run.config_name, "hardware": run.hardware,
+                 "arms": sorted(set(levels["arm"])), "levels": sorted(set(levels["concurrency"].tolist())),
+                 "failed_rows": int(len(failed_levels(run.results)))}
+
+    def peak(arm):
+        d = levels.loc[levels["arm"] == arm].dropna(subset=["output_throughput"])
+        if d.empty:
+            return None
+        r = d.loc[d["output_throughput"].idxmax()]
+        return {"output_throughput": round(float(r["output_throughput"]), 1), "concurrency": int(r["concurrency"])}
+
+    out["baseline_peak"] = peak(base) if base else None
+    out["eagle3_peak"] = peak(spec) if spec else None
+    x = crossover(levels)
+    out["crossover"] = {"status": x.status, "concurrency": None if x.concurrency is None else round(x.concurrency, 1),
+                        "text": x.describe()}
+    out["best_policy"] = None
+    if base and spec:
+        summ = envelope_summary(levels)
+        plain, specs = static_arms(levels)
+        pol = summ.loc[~summ["arm"].isin(plain + specs)]
+        if len(pol):
+            r = pol.iloc[0]
+            out["best_policy"] = {"arm": r["arm"], "mean_of_envelope": float(r["mean_of_envelope"]),
+                                  "worst_of_envelope": float(r["worst_of_envelope"]),
+                                  "worst_at_concurrency": int(r["worst_at_concurrency"])}
+    return out
+
+
+def banner_html(run: Run) -> str:
+    """The banner as a self-contained HTML block (inline style: the report fetches nothing)."""
+    import html
+
+    simulated = run.backend in ("sim", "emulate")
+    colour = ("#fff4e5", "#b35c00") if simulated else ("#e8f4ea", "#1e6b33")
+    return (f'<div style="background:{colour[0]};border-left:6px solid {colour[1]};padding:10px 14px;'
+            f'margin:8px 0;font-size:15px"><b>{html.escape(banner(run))}</b></div>')
+
+
+def run_summary(run: Run) -> str:
+    lv = level_table(run.results)
+    parts = [f"**Run** `{run.run_id}`", f"config `{run.config_name or '?'}`", f"backend `{run.backend}`"]
+    if run.backend in ("sim", "emulate"):
+        parts.append(f"profile `{run.profile}`")
+    if run.hardware:
+        parts.append(f"hardware: {run.hardware}")
+    parts.append(f"arms: {', '.join(sorted(set(lv['arm'])))}")
+    parts.append(f"concurrency: {', '.join(str(c) for c in sorted(set(lv['concurrency'])))}")
+    return " · ".join(parts)
+
+
+def findings(levels: pd.DataFrame) -> str:
+    """The report's conclusions in a few bullets, each computed from the levels table."""
+    base, spec = roles(levels)
+    plain, specs = static_arms(levels)
+    out = [f"- **Crossover:** {crossover(levels, a).describe()}." for a in specs] or \
+        [f"- **Crossover:** {crossover(levels).describe()}."]
+    if base and spec:
+        sp = speedup_table(levels)
+        for a in specs:
+            s = sp.loc[sp["arm"] == a].dropna(subset=["speedup"]).sort_values("concurrency")
+            if len(s):
+                lo, hi = s.iloc[0], s.iloc[-1]
+                out.append(f"- **`{a}` vs baseline:** {lo['speedup']:.2f}x at C={int(lo['concurrency'])}, "
+                           f"{hi['speedup']:.2f}x at C={int(hi['concurrency'])}.")
+    for arm, role in ((base, "baseline"), (spec, "eagle3")):
+        d = levels.loc[levels["arm"] == arm].dropna(subset=["output_throughput"]) if arm else levels.iloc[0:0]
+        if len(d):
+            r = d.loc[d["output_throughput"].idxmax()]
+            out.append(f"- **Peak {role}** (`{arm}`): {r['output_throughput']:.1f} tok/s at C={int(r['concurrency'])}.")
+    if base and spec:
+        summ = envelope_summary(levels)
+        for _, r in summ.loc[~summ["arm"].isin(plain + specs)].iterrows():
+            out.append(f"- **Policy `{r['arm']}`:** {r['mean_of_envelope']:.1%} of the envelope on average, "
+                       f"worst {r['worst_of_envelope']:.1%} at C={int(r['worst_at_concurrency'])}.")
+    failed = int(levels["failed_repeats"].sum())
+    if failed:
+        out.append(f"- **Failed:** {failed} measurement(s) failed and are left out (listed at the end).")
+    return "\n".join(out)
+
+
+def environment_tables(env: dict) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(machine, packages, topology) from dynspec.environment's description, for display."""
+    gpu = env.get("gpu") or {}
+    tc = env.get("torch_cuda") or {}
+    if gpu.get("available"):
+        names = sorted({g["name"] for g in gpu.get("gpus", [])})
+        gpus = f"{gpu.get('count')} x {', '.join(names)}"
+    else:
+        gpus = gpu.get("note", "no GPU")
+    machine = pd.DataFrame([
+        ("host", env.get("host")), ("platform", env.get("platform")), ("python", env.get("python")),
+        ("CPU cores", env.get("cpu_count")), ("GPUs", gpus), ("driver", gpu.get("driver") or "-"),
+        ("CUDA (driver)", gpu.get("cuda_driver_version") or "-"), ("CUDA (nvcc)", env.get("nvcc") or "-"),
+        ("CUDA (torch build)", tc.get("torch_cuda") or "-"),
+    ], columns=["item", "value"]).astype(str)
+    packages = pd.DataFrame([(k, v or "not installed") for k, v in (env.get("packages") or {}).items()],
+                            columns=["package", "version"])
+    topology = gpu.get("topology") if gpu.get("available") else None
+    if topology:
+        topology = re.sub(r"\x1b\[[0-9;]*m", "", topology)  # nvidia-smi underlines the header row
+    return machine, packages, topology or gpu.get("note", "no GPU: no topology")
+
+
+def patch_table(patchset) -> pd.DataFrame:
+    """A patch series (dynspec.patching.PatchSet) file by file: hunks, lines added and removed."""
+    rows = []
+    for name, file_patches in patchset.patches:
+        for fp in file_patches:
+            tags = [tag for h in fp.hunks for tag, _ in h.lines]
+            rows.append({"patch": name, "file": fp.path, "hunks": len(fp.hunks),
+                         "added": tags.count("+"), "removed": tags.count("-")})
+    return pd.DataFrame(rows, columns=["patch", "file", "hunks", "added", "removed"])
+
+
+def run_details(run: Run) -> str:
+    """Where the run lives, its status and the machine it ran on, as Markdown."""
+    machine, packages, _ = environment_tables(run.environment) if run.environment else (None, None, None)
+    lines = [f"- Run folder: `{run.run_dir}`"]
+    for key in ("status", "started", "finished"):
+        if key in run.meta:
+            lines.append(f"- {key}: {run.meta[key]}")
+    if machine is not None:
+        m = dict(zip(machine["item"], machine["value"]))
+        lines.append(f"- Machine: {m.get('GPUs')}; driver {m.get('driver')}; CUDA {m.get('CUDA (driver)')}")
+        v = {r.package: r.version for r in packages.itertuples()}
+        lines.append("- Versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "sglang", "flashinfer-python",
+                                                                          "dynspec") if k in v))
+    return "\n".join(lines)
+
+
+# Figures ------------------------------------------------------------------------------
+
+# Colours by role, the same arm the same colour in every figure: plain servers blue,
+# always-speculate arms red/purple, policies green/orange and on.
+_PLAIN_COLOURS = ["tab:blue", "tab:cyan", "navy"]
+_SPEC_COLOURS = ["tab:red", "tab:purple", "tab:pink", "darkred"]
+_POLICY_COLOURS = ["tab:green", "tab:orange", "tab:olive", "tab:brown", "tab:gray", "gold"]
+
+
+def arm_order(levels: pd.DataFrame) -> list[str]:
+    """Arms in legend order: plain servers, always-speculate arms, then policies."""
+    plain, spec = static_arms(levels)
+    rest = sorted(set(levels["arm"]) - set(plain) - set(spec))
+    return plain + spec + rest
+
+
+def palette(levels: pd.DataFrame) -> dict[str, str]:
+    plain, spec = static_arms(levels)
+    rest = [a for a in arm_order(levels) if a not in plain and a not in spec]
+    out = {}
+    for arms, colours in ((plain, _PLAIN_COLOURS), (spec, _SPEC_COLOURS), (rest, _POLICY_COLOURS)):
+        out.update({a: colours[i % len(colours)] for i, a in enumerate(arms)})
+    return out
+
+
+def _style():
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    return plt, sns
+
+
+def _log_x(ax, levels: pd.Series) -> None:
+    """A log concurrency axis labelled at the measured levels, thinned so labels do not collide."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log")
+    ticks: list[int] = []
+    for c in sorted({int(c) for c in levels.dropna()}):
+        if not ticks or c / ticks[-1] >= 1.3:
+            ticks.append(c)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("concurrency (clients, log scale)")
+
+
+def _arm_lines(sns, ax, data: pd.DataFrame, y: str, levels: pd.DataFrame, **kw) -> None:
+    """One line per arm in its colour; runs told apart by line style when there are several."""
+    order = [a for a in arm_order(levels) if a in set(data["arm"])]
+    several = data["run_id"].nunique() > 1 if "run_id" in data else False
+    sns.lineplot(data=data, x="concurrency", y=y, hue="arm", hue_order=order, palette=palette(levels),
+                 style="run_id" if several else "arm", style_order=None if several else order,
+                 markers=True, dashes=several, ax=ax, **kw)
+
+
+def _legend_outside(ax) -> None:
+    if ax.get_legend() is not None:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = None):
+    """Output throughput vs concurrency per arm; the seed's measurements as squares beside them.
+
+    The seed measured three levels, so its points stand alone: a line between them
+    would claim values it never measured.
+    """
+    plt, sns = _style()
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    d = levels.dropna(subset=["output_throughput"])
+    _arm_lines(sns, ax, d, "output_throughput", levels)
+    xs = d["concurrency"]
+    if reference is not None and len(reference):
+        base, spec = roles(levels)
+        colours = palette(levels)
+        role_colour = {"baseline": colours.get(base, "0.25"), "eagle3": colours.get(spec, "tab:red")}
+        for arm, r in reference.groupby("arm"):
+            r = r.sort_values("concurrency")
+            ax.plot(r["concurrency"], r["output_throughput"], linestyle="none", marker="s", markersize=9,
+                    markerfacecolor="white", markeredgewidth=2, color=role_colour.get(arm, "0.5"),
+                    label=f"{arm} ({SEED_LABEL})")
+            for _, p in r[r["approximate"]].iterrows():
+                ax.annotate("~", (p["concurrency"], p["output_throughput"]), textcoords="offset points",
+                            xytext=(7, 5))
+        xs = pd.concat([xs, reference["concurrency"]])
+    _log_x(ax, xs)
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title("Output throughput vs concurrency")
+    _legend_outside(ax)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(levels: pd.DataFrame):
+    plt, sns = _style()
+    sp = speedup_table(levels).dropna(subset=["speedup"])
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    _arm_lines(sns, ax, sp, "speedup", levels)
+    ax.axhline(1.0, color="0.3", linewidth=1)
+    _log_x(ax, sp["concurrency"])
+    ax.set_ylabel("output throughput / baseline")
+    ax.set_title("Speedup over the baseline (above 1: speculation pays)")
+    _legend_outside(ax)
+    fig.tight_layout()
+    return fig
+
+
+def envelope_figure(levels: pd.DataFrame):
+    """Throughput with the envelope max(baseline, eagle3), and each arm's share of it."""
+    plt, sns = _style()
+    env = envelope_table(levels).dropna(subset=["of_envelope"])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.4))
+    e = env.drop_duplicates(["run_id", "concurrency"]).sort_values("concurrency")
+    a1.fill_between(e["concurrency"], 0, e["envelope"], color="0.88", label="envelope")
+    _arm_lines(sns, a1, env, "output_throughput", levels, legend=False)
+    _log_x(a1, env["concurrency"])
+    a1.set_ylabel("output throughput (tok/s)")
+    a1.set_title("Arms against the envelope (grey)")
+    _arm_lines(sns, a2, env, "of_envelope", levels)
+    a2.axhline(1.0, color="0.3", linewidth=1)
+    _log_x(a2, env["concurrency"])
+    a2.set_ylabel("share of envelope")
+    a2.set_title("How close each arm comes to the envelope")
+    _legend_outside(a2)
+    fig.tight_layout()
+    return fig
+
+
+def latency_figure(levels: pd.DataFrame):
+    """TTFT and TPOT, median (solid) and p99 (dashed), per arm."""
+    plt, sns = _style()
+    long = []
+    for metric in ("ttft", "tpot"):
+        for stat in ("median", "p99"):
+            d = levels[["arm", "concurrency", f"{stat}_{metric}_ms"]].rename(columns={f"{stat}_{metric}_ms": "ms"})
+            long.append(d.assign(metric=metric.upper(), percentile=stat))
+    long = pd.concat(long).dropna(subset=["ms"])
+    order = [a for a in arm_order(levels) if a in set(long["arm"])]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    for ax, metric in zip(axes, ("TTFT", "TPOT")):
+        sns.lineplot(data=long[long["metric"] == metric], x="concurrency", y="ms", hue="arm", hue_order=order,
+                     palette=palette(levels), style="percentile", style_order=["median", "p99"], markers=True,
+                     ax=ax, legend=metric == "TPOT")
+        _log_x(ax, long["concurrency"])
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{metric} (ms, log scale)")
+        ax.set_title(f"{metric}: median (solid) and p99 (dashed)")
+    _legend_outside(axes[1])
+    fig.tight_layout()
+    return fig
+
+
+def speculation_figure(levels: pd.DataFrame):
+    """Accept length and the fraction of decode steps speculated, against the load.
+
+    With closed-loop clients the decode batch is the number of requests in flight, at
+    most the concurrency, so concurrency stands for batch size here.
+    """
+    plt, sns = _style()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    acc = levels.dropna(subset=["accept_length"])
+    if len(acc):
+        _arm_lines(sns, a1, acc, "accept_length", levels, legend=False)
+    a1.set_ylabel("accept length (tokens per verify)")
+    a1.set_title("Accept length (bonus token included)")
+    frac = levels.dropna(subset=["spec_step_fraction"])
+    if len(frac):
+        _arm_lines(sns, a2, frac, "spec_step_fraction", levels)
+    a2.set_ylim(-0.05, 1.05)
+    a2.set_ylabel("fraction of decode steps speculated")
+    a2.set_title("Steps speculated vs batch size")
+    for ax in (a1, a2):
+        _log_x(ax, levels["concurrency"])
+        ax.set_xlabel("concurrency = max decode batch size (log scale)")
+    _legend_outside(a2)
+    fig.tight_layout()
+    return fig

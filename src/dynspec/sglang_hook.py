@@ -1,0 +1,301 @@
+"""The runtime side of the dynspec patch: what a patched SGLang imports.
+
+The patched EAGLEWorkerV2 calls `load_controller()` once per TP rank at start-up.
+With DYNSPEC_POLICY unset it returns None and the patched server takes SGLang's
+original code path on every step.  Otherwise it returns a `Controller` that
+
+* asks the policy (wrapped in FailSafePolicy) before every decode step (`decide`),
+* learns from the accepted-token counts the scheduler already has on the CPU
+  (`observe`, called from scheduler_output_processor_mixin: no extra GPU sync),
+* counts steps and switches, logs one line per switch, and reports `stats()`,
+  which the patched scheduler merges into /get_server_info (key "dynspec") and,
+  with --enable-metrics, exports as Prometheus series on /metrics.
+
+Imports: the standard library and dynspec.policy only (dynspec.profile, and with
+it pydantic and yaml, only when DYNSPEC_PROFILE is set).  Never raises out of
+`load_controller`: a missing or broken configuration logs one warning and the
+server speculates as configured.
+
+Environment:
+    DYNSPEC_POLICY   policy spec (dynspec.policy.build_policy), e.g. goodput,
+                     threshold:32, table:1-63=on,64-=off.  Unset or empty: inert.
+    DYNSPEC_PROFILE  optional step-cost profile (shipped name or YAML path) that
+                     seeds the goodput policy.
+    DYNSPEC_PLAIN_CUDA_GRAPH  1 (default) capture CUDA graphs for plain steps;
+                     0 run plain steps eagerly (read by the patch, see docs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepRecord, build_policy
+
+ENV_POLICY = "DYNSPEC_POLICY"
+ENV_PROFILE = "DYNSPEC_PROFILE"
+ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
+
+_log = logging.getLogger("dynspec.sglang_hook")
+
+SyncHook = Callable[[list], list]
+
+# A step interval longer than this is a pause (no traffic), not a step time.
+MAX_STEP_TIME_S = 10.0
+
+
+def plain_cuda_graph_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether plain steps should use their own CUDA graphs (DYNSPEC_PLAIN_CUDA_GRAPH)."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PLAIN_GRAPH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Controller:
+    """One TP rank's view of the policy: decisions, counters, switch log, stats.
+
+    Every input to a decision is rank-identical (batch size, accepted-token counts,
+    the step counter, a profile, and step times only after `sync` agreed on them),
+    so every rank switches at the same step.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        spec: str,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        sync: SyncHook | None = None,
+        logger: logging.Logger | None = None,
+        profile_name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.policy = policy if isinstance(policy, FailSafePolicy) else FailSafePolicy(policy, logger or _log)
+        self.spec = spec
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.sync = sync
+        self.profile_name = profile_name
+        self.log = logger or _log
+        self._clock = clock
+        # Step times reach the policy only when they are agreed: one rank, or a sync hook.
+        self.times_agreed = tp_size <= 1 or sync is not None
+        self.plain_step_kind = "eager"  # set by the patch: "cuda_graph" or "eager"
+
+        self.step = 0  # decode steps decided
+        self.steps_spec = 0
+        self.steps_plain = 0
+        self.switches = 0
+        self.forced_spec = 0  # policy said plain, the batch could not run plain
+        self.mode = "spec"  # the server starts speculating, as configured
+        self.last_switch: dict | None = None
+        self._spec_steps_observed = 0
+        self._accepted_sum = 0
+        self._accepted_n = 0
+
+        self._last_obs_t: float | None = None
+        self._skip_intervals = 1  # the first interval has no start
+        self._lock = threading.Lock()  # stats() may be read from another thread
+        self._prom = None
+
+    # --- before a step ------------------------------------------------------------
+    def decide(self, batch_size: int, can_plain: bool = True) -> bool:
+        """True: speculate this step.  Call exactly once per non-idle decode step."""
+        want = self.policy.decide(batch_size)
+        spec = want or not can_plain
+        if not want and not can_plain:
+            self.forced_spec += 1
+        self.step += 1
+        if spec:
+            self.steps_spec += 1
+        else:
+            self.steps_plain += 1
+        mode = "spec" if spec else "plain"
+        if mode != self.mode:
+            self._switch(mode, batch_size)
+        if self._prom is not None:
+            self._prom.step(spec, self)
+        return spec
+
+    def _switch(self, mode: str, batch_size: int) -> None:
+        old = self.mode
+        self.mode = mode
+        self.switches += 1
+        reason = self.policy.reason(batch_size)
+        with self._lock:
+            self.last_switch = {
+                "step": self.step,
+                "batch_size": batch_size,
+                "from": old,
+                "to": mode,
+                "reason": reason,
+                "time": time.time(),
+            }
+        if self.tp_rank == 0:
+            self.log.info(
+                "dynspec: switch %s -> %s at step %d, batch size %d: %s",
+                old, mode, self.step, batch_size, reason,
+            )
+
+    # --- after a step -------------------------------------------------------------
+    def note_other_forward(self) -> None:
+        """A prefill/extend batch ran: the next two result intervals are not decode step times."""
+        self._skip_intervals = 2
+
+    def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = ()) -> None:
+        """Feed one decode step's outcome (accepted draft tokens per request) to the policy."""
+        now = self._clock()
+        step_time = None
+        if self._last_obs_t is not None and self._skip_intervals <= 0:
+            dt = now - self._last_obs_t
+            if 0.0 < dt <= MAX_STEP_TIME_S:
+                step_time = dt
+        self._skip_intervals = max(self._skip_intervals - 1, 0)
+        self._last_obs_t = now
+        if speculated:
+            self._spec_steps_observed += 1
+            if accepted:
+                self._accepted_sum += sum(accepted)
+                self._accepted_n += len(accepted)
+        self.policy.observe(
+            StepRecord(
+                batch_size,
+                speculated,
+                tuple(accepted) if speculated else (),
+                step_time if self.times_agreed else None,
+            )
+        )
+
+    # --- reporting ----------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters for /get_server_info (internal_states[i]["dynspec"])."""
+        with self._lock:
+            last = dict(self.last_switch) if self.last_switch else None
+        return {
+            "policy": self.spec,
+            "profile": self.profile_name,
+            "mode": self.mode,
+            "steps": self.step,
+            "steps_speculated": self.steps_spec,
+            "steps_plain": self.steps_plain,
+            "switches": self.switches,
+            "forced_spec": self.forced_spec,
+            "policy_failed": bool(getattr(self.policy, "failed", False)),
+            "plain_step": self.plain_step_kind,
+            "step_times_used": self.times_agreed,
+            "tp_size": self.tp_size,
+            "mean_accepted_when_speculating": (
+                round(self._accepted_sum / self._accepted_n, 4) if self._accepted_n else None
+            ),
+            "last_switch": last,
+        }
+
+    def enable_prometheus(self, labels: Mapping[str, str] | None = None, registry=None) -> bool:
+        """Export the counters on /metrics (needs prometheus_client; SGLang has it).
+
+        SGLang's scheduler runs prometheus_client in multiprocess mode and its HTTP
+        server collects every process's series, so the default registry is right."""
+        try:
+            self._prom = _PromExporter(dict(labels or {}), registry)
+        except Exception as exc:  # noqa: BLE001 - metrics are optional
+            self.log.warning("dynspec: Prometheus metrics unavailable (%s); /get_server_info still reports", exc)
+            self._prom = None
+        return self._prom is not None
+
+
+class _PromExporter:
+    """dynspec_* series for SGLang's /metrics (prometheus multiprocess mode)."""
+
+    def __init__(self, labels: dict[str, str], registry=None):
+        from prometheus_client import REGISTRY, Counter, Gauge  # imported only with --enable-metrics
+
+        reg = REGISTRY if registry is None else registry
+        names = sorted(labels)
+        self.labels = labels
+        self.spec = Counter("dynspec_steps_speculated", "Decode steps that speculated", names, registry=reg)
+        self.plain = Counter("dynspec_steps_plain", "Decode steps decoded plainly", names, registry=reg)
+        self.switches = Counter("dynspec_switches", "Speculate/plain mode switches", names, registry=reg)
+        self.mode = Gauge("dynspec_speculating", "1 while speculating, 0 while plain", names,
+                          multiprocess_mode="mostrecent", registry=reg)
+        self._switches_seen = 0
+        self._c_spec = self.spec.labels(**labels) if names else self.spec
+        self._c_plain = self.plain.labels(**labels) if names else self.plain
+        self._c_sw = self.switches.labels(**labels) if names else self.switches
+        self._g_mode = self.mode.labels(**labels) if names else self.mode
+        self._g_mode.set(1)
+
+    def step(self, spec: bool, ctl: Controller) -> None:
+        (self._c_spec if spec else self._c_plain).inc()
+        if ctl.switches != self._switches_seen:
+            self._c_sw.inc(ctl.switches - self._switches_seen)
+            self._switches_seen = ctl.switches
+            self._g_mode.set(1 if spec else 0)
+
+
+def _warn(logger: logging.Logger, tp_rank: int, msg: str, *args) -> None:
+    if tp_rank == 0:
+        logger.warning(msg, *args)
+
+
+def load_controller(
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    sync: SyncHook | None = None,
+    sync_factory: Callable[[], SyncHook | None] | None = None,
+    initial_steps: int = 3,
+    env: Mapping[str, str] | None = None,
+    logger: logging.Logger | None = None,
+) -> Controller | None:
+    """Build the controller from the environment; None when DYNSPEC_POLICY is unset.
+
+    `sync`: an all-reduce-mean hook over the TP ranks, or `sync_factory` that builds
+    one (called only when a policy is configured); needed for measured step times
+    to count when tp_size > 1.
+    Any failure here logs one warning (rank 0) and returns None: the server then
+    speculates on every step exactly as configured.
+    """
+    env = os.environ if env is None else env
+    logger = logger or _log
+    spec = (env.get(ENV_POLICY) or "").strip()
+    if not spec:
+        return None
+    try:
+        profile = None
+        profile_name = (env.get(ENV_PROFILE) or "").strip() or None
+        if profile_name:
+            from dynspec.profile import load_profile  # pydantic/yaml only when asked for
+
+            profile = load_profile(profile_name)
+        hook: SyncHook | None = None
+        if tp_size > 1:
+            try:
+                hook = sync if sync is not None else (sync_factory() if sync_factory else None)
+            except Exception as exc:  # noqa: BLE001
+                _warn(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
+                      "the policy decides from batch size, acceptance and profile", exc)
+                hook = None
+        policy = build_policy(spec, profile=profile, sync=hook if tp_size > 1 else None,
+                              initial_steps=initial_steps)
+        ctl = Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook,
+                         logger=logger, profile_name=profile_name)
+    except PolicySpecError as exc:
+        _warn(logger, tp_rank, "dynspec: DYNSPEC_POLICY=%r is invalid (%s); dynspec is OFF and the server "
+              "speculates on every step as configured", spec, exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
+        _warn(logger, tp_rank, "dynspec: cannot start policy %r (%s: %s); dynspec is OFF and the server "
+              "speculates on every step as configured", spec, type(exc).__name__, exc)
+        return None
+    if tp_rank == 0:
+        logger.info(
+            "dynspec: policy %s is live (profile: %s, TP ranks: %d, step times: %s); "
+            "one log line per speculate/plain switch follows",
+            spec, profile_name or "none", tp_size,
+            "used" if ctl.times_agreed else "unused (no TP sync)",
+        )
+    return ctl
+

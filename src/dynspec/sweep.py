@@ -1,0 +1,477 @@
+"""`dynspec sweep`: every arm x concurrency level x repeat of a config, into one run folder.
+
+    data/runs/<run-id>/
+      config.yaml        the resolved config (every default filled in)
+      run.json           run id, backend, profile, hardware, sessions, servers, status
+      environment.json   GPUs, driver, CUDA, torch/sglang/flashinfer versions
+      results.csv        one row per (arm, level, repeat), appended + fsynced as each level ends
+      requests/<arm>_c<C>_r<R>.jsonl   per-request records of that level
+      scrapes/<arm>_c<C>_r<R>.json     /get_server_info and /metrics before and after it
+      logs/<arm>.log     the arm's server output
+      sweep.log          what happened, failures included
+      failures.csv       rows that --resume measured again (an error in them), kept
+
+Backends: live (the arm's launch line), emulate (`dynspec emulate` per arm, started by
+the same code), sim (dynspec.sim in-process, virtual time).  A server that never gets
+healthy or dies, a level that times out, requests that fail: each is a row with its
+error, the sweep goes on with the next arm, and the exit status says something failed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml
+from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, summarize
+
+log = logging.getLogger("dynspec.sweep")
+
+# Settings that change what a row means: a resumed run must keep them.
+_MEASUREMENT_KEYS = ("model", "draft_model", "profile", "num_prompts", "input_len", "output_len", "prompts",
+                     "warmup_requests", "seed")
+_ARM_KEYS = ("sim_arm", "launch", "env", "api")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start (run folder conflict, resume mismatch, bad config for the backend)."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    failed: bool
+    rows: int
+
+
+def level_seed(seed: int, concurrency: int, repeat: int) -> int:
+    """Prompts differ per level and repeat (no prefix-cache reuse) but are the same for every arm."""
+    return seed * 1_000_003 + concurrency * 1009 + repeat
+
+
+def level_name(arm: str, concurrency: int, repeat: int) -> str:
+    return f"{arm}_c{concurrency}_r{repeat}"
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class _Run:
+    """The run folder and its bookkeeping files."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        self.info: dict = {}
+
+    def save_info(self) -> None:
+        _write_json(self.dir / "run.json", self.info)
+
+    def requests_path(self, name: str) -> Path:
+        return self.dir / "requests" / f"{name}.jsonl"
+
+    def keep_old(self, path: Path) -> None:
+        """An earlier attempt's file is renamed, never overwritten."""
+        if path.exists():
+            k = 1
+            while path.with_name(f"{path.stem}.attempt{k}{path.suffix}").exists():
+                k += 1
+            os.replace(path, path.with_name(f"{path.stem}.attempt{k}{path.suffix}"))
+
+
+def _compare_for_resume(old: dict, new: dict) -> list[str]:
+    diffs = [k for k in _MEASUREMENT_KEYS if old.get(k) != new.get(k)]
+    if old.get("emulate") != new.get("emulate"):
+        diffs.append("emulate")
+    old_arms = {a["name"]: a for a in old.get("arms", [])}
+    for i, arm in enumerate(new.get("arms", [])):
+        prev = old_arms.get(arm["name"])
+        if prev is not None:
+            diffs += [f"arms.{i}.{k}" for k in _ARM_KEYS if prev.get(k) != arm.get(k)]
+    return diffs
+
+
+def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, runs_dir: Path,
+             config_path) -> tuple[_Run, ResultsWriter, set]:
+    if run_id is None:
+        if resume:
+            raise SweepError("--resume needs the --run-id of the run to continue")
+        run_id = f"{cfg.name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not _RUN_ID.match(run_id):
+        raise SweepError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    run = _Run(runs_dir / run_id)
+    new_cfg = cfg.model_dump(mode="json")
+    if resume:
+        if not (run.dir / "run.json").is_file() or not (run.dir / "config.yaml").is_file():
+            raise SweepError(f"{run.dir}: nothing to resume (no run.json/config.yaml there)")
+        import yaml
+
+        run.info = json.loads((run.dir / "run.json").read_text())
+        if run.info.get("backend") != backend:
+            raise SweepError(f"{run.dir}: was run with backend {run.info.get('backend')}, not {backend}")
+        diffs = _compare_for_resume(yaml.safe_load((run.dir / "config.yaml").read_text()), new_cfg)
+        if diffs:
+            raise SweepError(f"{run.dir}: the config changed what the measured rows mean "
+                             f"({', '.join(diffs)}); start a new run instead of --resume")
+    elif run.dir.exists() and any(run.dir.iterdir()):
+        raise SweepError(f"{run.dir}: run folder exists; pass --resume to continue it or choose another --run-id")
+    for sub in ("requests", "scrapes", "logs"):
+        (run.dir / sub).mkdir(parents=True, exist_ok=True)
+    _write_text(run.dir / "config.yaml", resolved_yaml(cfg))
+
+    writer = ResultsWriter(run.dir / "results.csv")  # drops a half-written last line
+    done = _settle_results(run.dir) if resume else set()
+    run.info.update(run_id=run_id, backend=backend, config_name=cfg.name, config_path=str(config_path or ""),
+                    profile=cfg.profile if backend != "live" else "", hardware=cfg.hardware,
+                    model=cfg.model, draft_model=cfg.draft_model, status="running")
+    run.info.setdefault("started", _now())
+    run.info.setdefault("sessions", []).append({"started": _now(), "resume": resume, "pid": os.getpid()})
+    run.info.setdefault("servers", {})
+    run.save_info()
+    return run, writer, done
+
+
+def _settle_results(run_dir: Path) -> set:
+    """Rows measured cleanly are done; rows with an error move to failures.csv to be measured again."""
+    path = run_dir / "results.csv"
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    good = [r for r in rows if not r.get("error")]
+    bad = [r for r in rows if r.get("error")]
+    if bad:
+        fail_path = run_dir / "failures.csv"
+        new = not fail_path.exists()
+        with fail_path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
+            if new:
+                w.writeheader()
+            w.writerows(bad)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
+            w.writeheader()
+            w.writerows(good)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in good}
+
+
+def _attach_log(run_dir: Path, progress: bool) -> list[logging.Handler]:
+    fh = logging.FileHandler(run_dir / "sweep.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handlers: list[logging.Handler] = [fh]
+    if progress:
+        class _TqdmHandler(logging.Handler):  # log lines that do not break the progress bars
+            def emit(self, record):
+                from tqdm import tqdm
+
+                tqdm.write(self.format(record), file=sys.stderr)
+
+        th = _TqdmHandler()
+        th.setFormatter(logging.Formatter("dynspec sweep: %(message)s"))
+        handlers.append(th)
+    for h in handlers:
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return handlers
+
+
+class _Interrupted(KeyboardInterrupt):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Interrupted(f"signal {signum}")
+
+
+def _expected_policy(cfg: SweepConfig, arm, backend: str) -> str:
+    if backend != "live":
+        from dynspec.sim import arm_policy_spec
+
+        return arm_policy_spec(arm.sim_arm) or "none"
+    if arm.env.get("DYNSPEC_POLICY"):
+        return arm.env["DYNSPEC_POLICY"]
+    return "always" if arm.speculates else "none"
+
+
+def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | None = None, resume: bool = False,
+              runs_dir: str | Path = "data/runs", progress: bool = True, config_path=None) -> RunResult:
+    """Measure every (arm, level, repeat) not yet measured; return where and whether anything failed."""
+    backend = backend or cfg.backend
+    if backend not in ("live", "sim", "emulate"):
+        raise SweepError(f"unknown backend {backend!r} (live, sim, emulate)")
+    if backend == "live":
+        check_live(cfg, str(config_path or "<config>"))
+    profile = None
+    if backend != "live":
+        from dynspec.profile import load_profile
+
+        profile = load_profile(cfg.profile)  # ProfileError (a ValueError) names the problem
+    run, writer, done = _prepare(cfg, backend, run_id, resume, Path(runs_dir), config_path)
+    from dynspec.environment import collect_environment
+
+    env_path = run.dir / "environment.json"
+    if env_path.exists():  # a resumed run keeps the first session's machine and adds this one's
+        env_path = run.dir / f"environment.session{len(run.info['sessions'])}.json"
+    _write_json(env_path, collect_environment(probe_torch=backend == "live"))
+    handlers = _attach_log(run.dir, progress)
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    sweep = _Sweep(cfg, backend, run, writer, done, profile, progress)
+    status = "running"
+    try:
+        log.info("run %s: backend %s, %d arms x %d levels x %d repeats%s", run.info["run_id"], backend,
+                 len(cfg.arms), len(cfg.concurrency), cfg.repeats,
+                 f" ({len(done)} already measured)" if resume else "")
+        for arm in cfg.arms:
+            sweep.run_arm(arm)
+        status = "failed" if sweep.any_failed() else "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        log.warning("interrupted; measured rows are kept, continue with --resume --run-id %s", run.info["run_id"])
+        raise
+    except Exception:
+        status = "crashed"
+        log.exception("sweep crashed; measured rows are kept, continue with --resume --run-id %s",
+                      run.info["run_id"])
+        raise
+    finally:
+        sweep.stop_server()
+        run.info["status"] = status
+        run.info["finished"] = _now()
+        run.info["sessions"][-1].update(finished=_now(), status=status, rows=sweep.rows_written)
+        run.save_info()
+        log.info("run %s %s: %s", run.info["run_id"], status, run.dir)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+    return RunResult(run.dir, status != "complete", sweep.total_rows())
+
+
+class _Sweep:
+    def __init__(self, cfg: SweepConfig, backend: str, run: _Run, writer: ResultsWriter, done: set, profile,
+                 progress: bool):
+        self.cfg, self.backend, self.run, self.writer, self.done = cfg, backend, run, writer, done
+        self.profile, self.progress = profile, progress
+        self.server = None
+        self.rows_written = 0
+        self.failures = 0
+
+    # Bookkeeping ---------------------------------------------------------------------------
+    def any_failed(self) -> bool:
+        return self.failures > 0
+
+    def total_rows(self) -> int:
+        with (self.run.dir / "results.csv").open(newline="") as f:
+            return sum(1 for _ in csv.DictReader(f))
+
+    def ids(self, arm, concurrency: int, repeat: int, policy: str) -> dict:
+        return dict(run_id=self.run.info["run_id"], arm=arm.name, policy=policy, backend=self.backend,
+                    profile=self.profile.name if self.profile is not None else "", concurrency=concurrency,
+                    repeat=repeat)
+
+    def append(self, arm, concurrency: int, repeat: int, policy: str, metrics: dict) -> None:
+        row = make_row(self.ids(arm, concurrency, repeat, policy), metrics)
+        self.writer.append(row)
+        self.rows_written += 1
+        name = level_name(arm.name, concurrency, repeat)
+        if row["error"]:
+            self.failures += 1
+            log.error("%s: %s", name, row["error"])
+        else:
+            log.info("%s: %.1f output tok/s, %d requests, accept_length %s, spec_step_fraction %s", name,
+                     row["output_throughput"], row["completed"], _fmt(row["accept_length"]),
+                     _fmt(row["spec_step_fraction"]))
+
+    def fail_levels(self, arm, levels, error: str) -> None:
+        policy = _expected_policy(self.cfg, arm, self.backend)
+        for c, r in levels:
+            self.append(arm, c, r, policy, {**summarize([]), "completed": 0, "failed": 0, "error": error})
+
+    # Arms -----------------------------------------------------------------------------------
+    def run_arm(self, arm) -> None:
+        cfg = self.cfg
+        pending = [(c, r) for c in cfg.concurrency for r in range(cfg.repeats) if (arm.name, c, r) not in self.done]
+        if not pending:
+            log.info("arm %s: every level already measured", arm.name)
+            return
+        if self.backend == "sim":
+            for c, r in pending:
+                self.sim_level(arm, c, r)
+            return
+        from dynspec.servers import ServerError
+
+        try:
+            self.start_server(arm)
+        except ServerError as exc:
+            log.error("%s", exc)
+            self.stop_server()
+            self.fail_levels(arm, pending, f"server not started: {exc}")
+            return
+        try:
+            for i, (c, r) in enumerate(pending):
+                if not self.server.alive():
+                    self.fail_levels(arm, pending[i:], f"server exited with code {self.server.returncode} "
+                                                       f"before this level")
+                    break
+                self.server_level(arm, c, r)
+        finally:
+            self.stop_server()
+
+    def start_server(self, arm) -> None:
+        from dynspec.servers import ArmServer, emulator_argv, fill_placeholders, free_port
+
+        cfg = self.cfg
+        port = free_port(cfg.host)
+        if self.backend == "emulate":
+            argv = emulator_argv(cfg.profile, arm.sim_arm, cfg.host, port, cfg.emulate.time_scale, cfg.seed)
+        else:
+            argv = fill_placeholders(arm.launch, {"model": cfg.model or "", "draft_model": cfg.draft_model or "",
+                                                  "port": str(port), "host": cfg.host})
+        self.server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=arm.env,
+                                log_path=self.run.dir / "logs" / f"{arm.name}.log",
+                                startup_timeout=cfg.timeouts.startup_s,
+                                shutdown_grace=cfg.timeouts.shutdown_grace_s)
+        log.info("arm %s: starting %s", arm.name, " ".join(argv))
+        entry = {"command": argv, "env": arm.env, "port": port, "started": _now()}
+        self.run.info["servers"][arm.name] = entry
+        self.server.start()
+        entry["pid"] = self.server.proc.pid
+        self.run.save_info()
+        waited = self.server.wait_healthy()
+        entry["healthy_after_s"] = round(waited, 2)
+        self.run.save_info()
+        log.info("arm %s: healthy after %.1fs (pid %d, port %d)", arm.name, waited, self.server.proc.pid, port)
+
+    def stop_server(self) -> None:
+        if self.server is None:
+            return
+        code = self.server.stop()
+        entry = self.run.info["servers"].get(self.server.name, {})
+        entry.update(stopped=_now(), exit_code=code)
+        self.run.save_info()
+        log.info("arm %s: server stopped (exit code %s)", self.server.name, code)
+        self.server = None
+
+    # Levels ---------------------------------------------------------------------------------
+    def sim_level(self, arm, c: int, r: int) -> None:
+        from dynspec.bench import write_requests
+        from dynspec.sim import simulate_level
+
+        cfg = self.cfg
+        metrics, records = simulate_level(self.profile, arm.sim_arm, c, num_prompts=cfg.prompts_for(c),
+                                          input_len=cfg.input_len, output_len=cfg.output_len,
+                                          seed=level_seed(cfg.seed, c, r))
+        path = self.run.requests_path(level_name(arm.name, c, r))
+        self.run.keep_old(path)
+        write_requests(path, records)
+        self.append(arm, c, r, _expected_policy(cfg, arm, "sim"), metrics)
+
+    def server_level(self, arm, c: int, r: int) -> None:
+        from dynspec.bench import build_prompts, run_level, write_requests
+        from dynspec.servers import level_counters
+
+        cfg, server = self.cfg, self.server
+        name = level_name(arm.name, c, r)
+        seed = level_seed(cfg.seed, c, r)
+        prompts = build_prompts(cfg.prompts, cfg.prompts_for(c), cfg.input_len, cfg.output_len, seed)
+        warm = build_prompts(cfg.prompts, cfg.warmup_requests, cfg.input_len, cfg.output_len, seed + 7919) \
+            if cfg.warmup_requests else []
+        model = cfg.model if self.backend == "live" else None
+        common = dict(api=arm.api, model=model, request_timeout=cfg.timeouts.request_s,
+                      should_stop=lambda: not server.alive())
+        if warm:
+            w = run_level(server.base_url, warm, min(len(warm), c), **common, level_timeout=cfg.timeouts.level_s)
+            if w.failed:
+                log.warning("%s: %d of %d warm-up requests failed (%s)", name, w.failed, len(warm),
+                            next(x.error for x in w.requests if not x.ok))
+        before = server.scrape()
+        reset = server.reset_accept_counters(before.server_info)
+        result = run_level(server.base_url, prompts, c, **common, level_timeout=cfg.timeouts.level_s,
+                           progress=self.progress, desc=name)
+        after = server.scrape() if server.alive() else before
+        counters = level_counters(before, after, accept_reset=reset)
+        if not reset and not math.isnan(counters["accept_length"]):
+            log.info("%s: accept_length is the server's average since it started (no counter reset)", name)
+        errors = [result.error_summary(cfg.timeouts.level_s)]
+        if not server.alive():
+            errors.insert(0, f"server exited with code {server.returncode} during the level")
+        metrics = summarize(result.requests, **counters, error="; ".join(e for e in errors if e))
+        path = self.run.requests_path(name)
+        self.run.keep_old(path)
+        write_requests(path, result.requests)
+        _write_json(self.run.dir / "scrapes" / f"{name}.json",
+                    {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset})
+        block = (after.server_info or {}).get("dynspec")
+        policy = block.get("policy") if isinstance(block, dict) and block.get("policy") else \
+            _expected_policy(cfg, arm, self.backend)
+        self.append(arm, c, r, policy, metrics)
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+# CLI ----------------------------------------------------------------------------------------
+
+def _main(args) -> int:
+    from dynspec.config import load_config
+    from dynspec.profile import ProfileError
+
+    prog = "dynspec sweep"
+    try:
+        cfg = load_config(args.config)
+        result = run_sweep(cfg, backend=args.backend, run_id=args.run_id, resume=args.resume,
+                           runs_dir=args.runs_dir, progress=not args.no_progress, config_path=args.config)
+    except (ConfigError, SweepError, ProfileError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; continue with --resume --run-id <id> (see sweep.log)", file=sys.stderr)
+        return 130
+    verdict = "something failed (see results.csv error column and sweep.log)" if result.failed else "complete"
+    print(f"{result.run_dir}: {result.rows} rows, {verdict}")
+    return 1 if result.failed else 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("sweep", help="measure every arm x concurrency level of a config into data/runs/<run-id>/")
+    p.add_argument("--config", required=True, help="sweep config (YAML), e.g. configs/seed-blackwell.yaml")
+    p.add_argument("--run-id", help="run folder name (default: <config name>-<backend>-<time>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run --run-id: skip what is measured, measure failed levels again")
+    p.add_argument("--backend", choices=("live", "sim", "emulate"),
+                   help="live servers, emulated servers, or in-process simulation (default: the config's)")
+    p.add_argument("--runs-dir", default="data/runs", help="where run folders go (default: data/runs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars or log lines on stderr")
+    p.set_defaults(func=_main)

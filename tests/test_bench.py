@@ -1,0 +1,341 @@
+"""The load generator against a scripted SGLang-like server on loopback.
+
+The fake server streams chunks carrying known token counts at known moments, so the
+test can check what the generator derives (TTFT, ITLs, output tokens, failures,
+concurrency) against what it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+from aiohttp import web
+
+from dynspec.bench import (Prompt, PromptError, file_prompts, random_prompts, read_requests, run_level_async,
+                           write_requests)
+from dynspec.results import summarize
+
+# Cumulative token counts of the chunks of one normal request: chunk 2 carries 2 tokens,
+# chunk 3 carries 3 (a speculative step's accepted tokens arrive together).
+CHUNKS = [1, 3, 6, 7]
+GAP = 0.02
+
+
+class FakeServer:
+    def __init__(self, mode=lambda body: "ok"):
+        self.mode = mode
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bodies: list[dict] = []
+
+    async def generate(self, request: web.Request):
+        body = await request.json()
+        self.bodies.append(body)
+        mode = self.mode(body)
+        if mode == "http500":
+            return web.Response(status=500, text="boom: out of memory")
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            if mode == "hang":
+                await asyncio.sleep(5)
+            n = body["sampling_params"]["max_new_tokens"]
+            counts = [c for c in CHUNKS if c < n] + [n]
+            for i, c in enumerate(counts):
+                await asyncio.sleep(GAP)
+                # Cumulative text that contains the key we search for, escaped as JSON does.
+                meta = {"prompt_tokens": len(body.get("input_ids", [])) or 5, "completion_tokens": c,
+                        "finish_reason": None}
+                if i == len(counts) - 1:
+                    meta["finish_reason"] = ({"type": "abort", "message": "evicted"} if mode == "abort"
+                                             else {"type": "length", "length": n})
+                chunk = {"text": '"completion_tokens": 999 ' * c, "meta_info": meta}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        finally:
+            self.in_flight -= 1
+
+    async def completions(self, request: web.Request):
+        body = await request.json()
+        self.bodies.append(body)
+        n = body["max_tokens"]
+        per_chunk_usage = self.mode(body) == "usage"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for c in range(1, n + 1):
+            await asyncio.sleep(GAP / 4)
+            chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+            if per_chunk_usage:
+                chunk["usage"] = {"prompt_tokens": 9, "completion_tokens": c, "total_tokens": 9 + c}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        final = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n}}
+        await resp.write(b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+
+async def with_server(fake: FakeServer, fn):
+    app = web.Application()
+    app.router.add_post("/generate", fake.generate)
+    app.router.add_post("/v1/completions", fake.completions)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        return await fn(f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+def run(fake, prompts, concurrency, **kw):
+    return asyncio.run(with_server(fake, lambda url: run_level_async(url, prompts, concurrency, **kw)))
+
+
+def test_token_counts_ttft_and_itls_follow_bench_serving():
+    fake = FakeServer()
+    prompts = random_prompts(6, 16, 7, seed=1)
+    res = run(fake, prompts, 3)
+    assert len(res.requests) == 6 and res.failed == 0 and not res.timed_out
+    for r in res.requests:
+        assert r.ok and r.output_tokens == 7 and r.input_tokens == 16
+        # One ITL per token after the first; a chunk of k tokens gives k equal gaps.
+        assert len(r.itls) == 6
+        assert r.itls[0] == r.itls[1] and r.itls[2] == r.itls[3] == r.itls[4]
+        assert r.ttft >= GAP * 0.9
+        assert sum(r.itls) >= 3 * GAP * 0.9
+        assert r.ttft + sum(r.itls) <= r.e2e + 1e-9
+    m = summarize(res.requests)
+    assert m["completed"] == 6 and m["total_output_tokens"] == 42
+    tpots = [(r.e2e - r.ttft) / 6 for r in res.requests]
+    assert m["mean_tpot_ms"] == pytest.approx(1000 * sum(tpots) / 6)
+    # The request carried what bench_serving sends: ids, greedy, ignore_eos, streaming.
+    body = fake.bodies[0]
+    assert body["input_ids"] == list(prompts[0].input_ids) and body["stream"] is True
+    assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 7, "ignore_eos": True}
+
+
+def test_closed_loop_holds_exactly_c_in_flight():
+    fake = FakeServer()
+    res = run(fake, random_prompts(12, 4, 7, seed=2), 4)
+    assert fake.max_in_flight == 4
+    assert len(res.requests) == 12
+    # Closed loop: each of the 4 workers starts its next request when its last one ends.
+    starts = sorted(r.start for r in res.requests)
+    assert starts[4] >= min(r.end for r in res.requests) - 1e-6
+
+
+def test_warmup_requests_are_sent_but_not_measured():
+    fake = FakeServer()
+    res = run(fake, random_prompts(3, 4, 40, seed=3), 2, warmup=2)
+    assert len(fake.bodies) == 5 and len(res.requests) == 3 and len(res.warmup) == 2
+    assert sorted(b["sampling_params"]["max_new_tokens"] for b in fake.bodies) == [32, 32, 40, 40, 40]
+
+
+def test_failures_are_counted_never_hidden():
+    def mode(body):
+        return {0: "ok", 1: "http500", 2: "abort"}[body["input_ids"][0] % 3]
+
+    prompts = [Prompt(7, input_ids=(i, 5, 5)) for i in range(9)]
+    res = run(FakeServer(mode), prompts, 3)
+    assert len(res.requests) == 9 and res.failed == 6
+    by_kind = {p.input_ids[0] % 3: r for p, r in zip(prompts, res.requests)}
+    assert by_kind[0].ok
+    assert not by_kind[1].ok and by_kind[1].error.startswith("HTTP 500: boom")
+    assert not by_kind[2].ok and "aborted by server: evicted" in by_kind[2].error
+    m = summarize(res.requests, error=res.error_summary())
+    assert m["completed"] == 3 and m["failed"] == 6
+    assert m["error"].startswith("6 of 9 requests failed")
+
+
+def test_request_timeout_and_level_timeout():
+    fake = FakeServer(lambda body: "hang" if body["input_ids"][0] == 0 else "ok")
+    res = run(fake, [Prompt(3, input_ids=(0,)), Prompt(3, input_ids=(1,))], 2, request_timeout=0.3)
+    assert [r.ok for r in res.requests] == [False, True]
+    assert res.requests[0].error == "request timed out after 0.3s"
+
+    res = run(FakeServer(lambda body: "hang"), [Prompt(3, input_ids=(i,)) for i in range(5)], 2,
+              level_timeout=0.4)
+    assert res.timed_out and len(res.requests) == 2 and res.not_sent == 3
+    assert all(not r.ok and r.error == "cancelled: level timed out" for r in res.requests)
+    assert res.error_summary(0.4).startswith("level timed out after 0.4s; 3 requests not sent; 2 of 2")
+
+
+def test_should_stop_ends_the_level_early():
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 2
+
+    res = run(FakeServer(), random_prompts(10, 4, 3, seed=4), 1, should_stop=stop)
+    assert res.stopped and len(res.requests) == 2 and res.not_sent == 8
+
+
+def test_connection_refused_is_a_failed_request():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once closed
+    res = asyncio.run(run_level_async(f"http://127.0.0.1:{port}", random_prompts(3, 4, 3), 2))
+    assert len(res.requests) == 3 and res.failed == 3
+    assert "ClientConnectorError" in res.requests[0].error or "Connect" in res.requests[0].error
+
+
+@pytest.mark.parametrize("mode, itl_count", [("usage", 4), ("plain", 4)])
+def test_openai_completions(mode, itl_count):
+    fake = FakeServer(lambda body: mode)
+    res = run(fake, [Prompt(5, text="hello there")], 1, api="openai", model="m")
+    (r,) = res.requests
+    assert r.ok and r.output_tokens == 5 and r.input_tokens == 9 and len(r.itls) == itl_count
+    body = fake.bodies[0]
+    assert body["prompt"] == "hello there" and body["max_tokens"] == 5 and body["model"] == "m"
+    assert body["stream_options"]["include_usage"] is True
+
+
+def test_random_prompts_are_seeded_and_exact():
+    a, b, c = random_prompts(4, 100, 9, seed=7), random_prompts(4, 100, 9, seed=7), random_prompts(4, 100, 9, seed=8)
+    assert a == b and a != c
+    assert all(len(p.input_ids) == 100 and p.output_len == 9 for p in a)
+    assert all(1000 <= t < 32000 for p in a for t in p.input_ids)
+    assert len({p.input_ids for p in a}) == 4
+
+
+def test_file_prompts(tmp_path):
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"prompt": "a"}\n\n{"input_ids": [1, 2, 3], "output_len": 4}\n')
+    ps = file_prompts("jsonl", j, 5, 8, seed=0)
+    assert len(ps) == 5 and {p.text for p in ps} >= {"a"} and any(p.input_ids == (1, 2, 3) for p in ps)
+    assert {p.output_len for p in ps if p.text} == {8} and {p.output_len for p in ps if p.input_ids} == {4}
+
+    s = tmp_path / "share.json"
+    s.write_text(json.dumps([{"conversations": [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "a"}]},
+                             {"conversations": [{"from": "human", "value": "lonely"}]}]))
+    ps = file_prompts("sharegpt", s, 3, 16)
+    assert [p.text for p in ps] == ["q1", "q1", "q1"]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"promt": "typo"}\n')
+    with pytest.raises(PromptError, match=r"bad.jsonl:2: needs a non-empty prompt"):
+        file_prompts("jsonl", bad, 1, 8)
+    bad.write_text("not json\n")
+    with pytest.raises(PromptError, match=r"bad.jsonl:1: not JSON"):
+        file_prompts("jsonl", bad, 1, 8)
+
+
+def test_request_records_round_trip(tmp_path):
+    res = run(FakeServer(), random_prompts(3, 4, 5), 2)
+    path = write_requests(tmp_path / "r" / "x.jsonl", res.requests)
+    back = read_requests(path)
+    assert len(back) == 3 and min(r.start for r in back) == 0.0
+    assert [r.output_tokens for r in back] == [5, 5, 5]
+    m1, m2 = summarize(res.requests), summarize(back)
+    for k in ("output_throughput", "mean_ttft_ms", "p99_itl_ms"):
+        assert math.isclose(m1[k], m2[k], rel_tol=1e-9)
+
+
+# The HTTP/1.1 streaming client under the generator ------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dynspec.httpstream import HTTPStreamError, StreamClient, _Response  # noqa: E402
+
+
+def _chunked(body_parts: list[bytes]) -> bytes:
+    out = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in body_parts if p)
+    return out + b"0\r\n\r\n"
+
+
+def _feed(raw: bytes, cuts: list[int]):
+    """Deliver raw response bytes to a parser in pieces cut at the given offsets."""
+    loop = asyncio.new_event_loop()
+    try:
+        conn = _Response(loop)
+
+        class T:
+            def abort(self):
+                pass
+
+        conn.connection_made(T())
+        got = []
+        done = conn.start(lambda data, now: got.append(data))
+        points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+        for a, b in zip(points, points[1:]):
+            conn.data_received(raw[a:b])
+        return done, b"".join(got), conn
+    finally:
+        loop.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(st.binary(max_size=40), max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=12),
+       framing=st.sampled_from(["chunked", "length"]))
+def test_body_survives_any_split_of_the_byte_stream(parts, cuts, framing):
+    body = b"".join(parts)
+    if framing == "chunked":
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(parts)
+    else:
+        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    done, got, conn = _feed(raw, cuts)
+    assert done.done() and done.result() == 200 and got == body and conn.keep_alive
+
+
+def test_error_status_body_is_kept_not_streamed():
+    raw = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 7\r\nConnection: close\r\n\r\nloading"
+    done, got, conn = _feed(raw, [5, 30])
+    assert done.result() == 503 and got == b"" and conn.error_body == b"loading" and not conn.keep_alive
+
+
+def test_broken_framing_and_early_close_are_errors():
+    done, _, _ = _feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", [])
+    with pytest.raises(HTTPStreamError, match="bad chunk size"):
+        done.result()
+    done, _, _ = _feed(b"SSH-2.0-OpenSSH\r\n\r\n", [])
+    with pytest.raises(HTTPStreamError, match="not an HTTP/1.x response"):
+        done.result()
+    loop = asyncio.new_event_loop()
+    conn = _Response(loop)
+    conn.connection_made(None)
+    fut = conn.start(lambda d, t: None)
+    conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
+    conn.connection_lost(None)
+    with pytest.raises(HTTPStreamError, match="before the response ended"):
+        fut.result()
+    loop.close()
+
+
+def test_connections_are_reused_across_requests():
+    seen = set()
+
+    async def handler(request):
+        seen.add(request.transport.get_extra_info("peername"))
+        return await FakeServer().generate(request)
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/generate", handler)
+        runner = web.AppRunner(app, shutdown_timeout=0.2)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await run_level_async(f"http://127.0.0.1:{port}", random_prompts(12, 4, 3), 3)
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(go())
+    assert res.failed == 0 and len(seen) == 3  # one keep-alive connection per worker
+
+
+def test_only_plain_http_urls():
+    with pytest.raises(ValueError, match="only plain http://host:port"):
+        StreamClient("https://example.invalid:443")

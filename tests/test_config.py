@@ -1,0 +1,161 @@
+"""Sweep configs: shipped ones load; each kind of bad config gets one line naming file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynspec.config import ConfigError, check_live, load_config, parse_config, resolved_yaml
+from dynspec.policy import check_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+BASE = {
+    "name": "t",
+    "concurrency": [1, 4],
+    "arms": [{"name": "a", "sim_arm": "baseline",
+              "launch": "python -m sglang.launch_server --model-path {model} --port {port}"}],
+}
+
+
+def write(tmp_path: Path, data, name="cfg.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def with_(**changes) -> dict:
+    d = yaml.safe_load(yaml.safe_dump(BASE))
+    d.update(changes)
+    return d
+
+
+def error_of(tmp_path: Path, data) -> str:
+    p = write(tmp_path, data)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(str(p) + ": ")
+    return msg
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.arms and cfg.concurrency
+    # The resolved config is itself a valid config that means the same.
+    assert parse_config(yaml.safe_load(resolved_yaml(cfg))) == cfg
+
+
+def test_seed_config_matches_the_seed_investigation():
+    cfg = load_config(ROOT / "configs" / "seed-blackwell.yaml")
+    assert {1, 30, 70} <= set(cfg.concurrency) and max(cfg.concurrency) == 128
+    assert [a.name for a in cfg.arms] == ["baseline", "eagle3-v1", "eagle3-v2", "dynspec"]
+    v1, v2, dyn = cfg.arm("eagle3-v1"), cfg.arm("eagle3-v2"), cfg.arm("dynspec")
+    assert "--tp" in v1.launch and v1.launch[v1.launch.index("--tp") + 1] == "8"
+    assert v1.launch[v1.launch.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert v2.env == {"SGLANG_ENABLE_SPEC_V2": "1"}
+    assert v2.launch[v2.launch.index("--speculative-eagle-topk") + 1] == "1"
+    assert dyn.env["DYNSPEC_POLICY"] == "goodput" and dyn.sim_arm == "dynamic"
+    assert not cfg.arm("baseline").speculates and v1.speculates
+
+
+def test_seed_config_placeholders_fail_for_live_naming_the_key():
+    path = ROOT / "configs" / "seed-blackwell.yaml"
+    cfg = load_config(path)
+    with pytest.raises(ConfigError, match=r"seed-blackwell.yaml: model: fill in"):
+        check_live(cfg, str(path))
+    filled = cfg.model_copy(update={"model": "/models/llama"})
+    with pytest.raises(ConfigError, match=r": draft_model: fill in .*arm eagle3-v1"):
+        check_live(filled, str(path))
+    check_live(filled.model_copy(update={"draft_model": "/models/eagle3"}), str(path))
+
+
+@pytest.mark.parametrize("value", ["FILL_ME", "/path/to/model", "<model dir>", "", None])
+def test_placeholder_model_values_refused(value):
+    cfg = parse_config(with_(model=value))
+    with pytest.raises(ConfigError, match="model: fill in"):
+        check_live(cfg)
+
+
+def test_live_needs_port_placeholder_and_launch():
+    cfg = parse_config(with_(model="/m", arms=[{"name": "a", "launch": "python -m sglang.launch_server"}]))
+    with pytest.raises(ConfigError, match=r"arms\.0\.launch: must contain --port \{port\}"):
+        check_live(cfg)
+    cfg = parse_config(with_(model="/m", arms=[{"name": "a"}]))
+    with pytest.raises(ConfigError, match=r"arms\.0\.launch: the live backend needs"):
+        check_live(cfg)
+
+
+@pytest.mark.parametrize("data, where, what", [
+    (with_(concurrncy=[1]), "concurrncy", "unknown key"),
+    (with_(arms=[{"name": "a", "lanch": "x"}]), "arms.0.lanch", "unknown key"),
+    (with_(timeouts={"startup": 5}), "timeouts.startup", "unknown key"),
+    (with_(concurrency=[0, 4]), "concurrency", "at least 1"),
+    (with_(concurrency=[4, 4]), "concurrency", "must not repeat"),
+    (with_(concurrency=[]), "concurrency", "at least 1 item"),
+    (with_(concurrency="many"), "concurrency", "valid list"),
+    (with_(arms=[]), "arms", "at least 1 item"),
+    (with_(arms=[{"name": "a"}, {"name": "a"}]), "arms", "must be unique (a repeats)"),
+    (with_(arms=[{"name": "a/b"}]), "arms.0.name", "should match pattern"),
+    (with_(arms=[{"name": "a", "sim_arm": "eagle"}]), "arms.0.sim_arm", "'eagle' is not one of"),
+    (with_(arms=[{"name": "a", "sim_arm": "policy:threshold:on=x"}]), "arms.0.sim_arm", "threshold"),
+    (with_(arms=[{"name": "a", "api": "grpc"}]), "arms.0.api", "'generate' or 'openai'"),
+    (with_(arms=[{"name": "a", "launch": "serve --model {modle} --port {port}"}]), "arms.0.launch",
+     "unknown placeholder {modle}"),
+    (with_(prompts={"source": "jsonl"}), "prompts", "source jsonl needs a path"),
+    (with_(prompts={"source": "random", "path": "x.jsonl"}), "prompts", "path is only for"),
+    (with_(prompts={"source": "csv", "path": "x"}), "prompts.source", "'random', 'jsonl' or 'sharegpt'"),
+    (with_(input_len=0), "input_len", "greater than or equal to 1"),
+    (with_(repeats=0), "repeats", "greater than or equal to 1"),
+    (with_(timeouts={"level_s": -1}), "timeouts.level_s", "greater than 0"),
+    (with_(backend="cloud"), "backend", "'live', 'sim' or 'emulate'"),
+    ({k: v for k, v in BASE.items() if k != "name"}, "name", "Field required"),
+])
+def test_bad_config_names_the_key(tmp_path, data, where, what):
+    msg = error_of(tmp_path, data)
+    assert f": {where}: " in msg, msg
+    assert what in msg, msg
+
+
+def test_bad_yaml_and_shapes(tmp_path):
+    assert "not valid YAML" in error_of(tmp_path, "name: [unclosed\n")
+    assert "a sweep config is a YAML mapping, got list" in error_of(tmp_path, "- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"nope.yaml: no such config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_prompt_file_resolved_relative_to_config(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    cfg = load_config(write(tmp_path / "sub", with_(prompts={"source": "jsonl", "path": "p.jsonl"})))
+    assert cfg.prompts.path == str((tmp_path / "sub" / "p.jsonl").resolve())
+    msg = error_of(tmp_path, with_(prompts={"source": "sharegpt", "path": "missing.json"}))
+    assert ": prompts.path: no such file" in msg
+
+
+def test_defaults_and_coercions():
+    cfg = parse_config(with_(arms=[{"name": "a", "env": {"SGLANG_ENABLE_SPEC_V2": 1, "X": True},
+                                    "launch": ["python", "-m", "x", "--port", "{port}"]},
+                                   {"name": "b", "sim_arm": "policy:threshold:32",
+                                    "launch": "python -m x --tp 8 --nnodes 2 --node-rank 0 --port {port}"}]))
+    a, b = cfg.arms
+    assert a.env == {"SGLANG_ENABLE_SPEC_V2": "1", "X": "1"}
+    assert a.launch == ["python", "-m", "x", "--port", "{port}"]
+    # Multi-node flags pass through untouched.
+    assert b.launch == ["python", "-m", "x", "--tp", "8", "--nnodes", "2", "--node-rank", "0", "--port", "{port}"]
+    assert b.sim_arm == "policy:" + check_spec("threshold:32")
+    assert cfg.prompts_for(1) == 50 and cfg.prompts_for(30) == 150
+    assert parse_config(with_(num_prompts=7)).prompts_for(30) == 7
+    assert cfg.backend == "live" and cfg.profile == "seed-blackwell"
+
+
+def test_emulated_twin_mirrors_the_seed_config():
+    seed = load_config(ROOT / "configs" / "seed-blackwell.yaml")
+    twin = load_config(ROOT / "configs" / "seed-blackwell-emulated.yaml")
+    assert twin.backend == "emulate" and seed.backend == "live"
+    assert twin.arms == seed.arms and twin.concurrency == seed.concurrency and twin.profile == seed.profile

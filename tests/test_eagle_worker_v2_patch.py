@@ -1,0 +1,547 @@
+"""The patched EAGLEWorkerV2 of SGLang 0.5.9, imported on a CPU and driven with fakes.
+
+The real sglang 0.5.9 wheel is unpacked into a temporary directory, patched there by
+`dynspec patch apply`, and imported from it (torch CPU; only the native GPU kernel
+packages are stubbed, see sglang_stubs.py).  The target model, the draft model's
+forward and the draft/verify kernels are fakes that record what they were given;
+everything between them is SGLang's own code: EAGLEWorkerV2.forward_batch_generation,
+EagleDraftWorker._draft_extend_for_decode (the draft catch-up), ForwardBatch.init_new,
+the scheduler's FutureMap (which relays the next draft input from step to step) and
+the output processor's _resolve_spec_overlap_token_ids (which feeds the policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from dynspec import patching
+from dynspec.policy import Policy
+from dynspec.sglang_hook import Controller
+from sglang_wheels import unpack
+
+import sglang_stubs
+
+torch = pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
+
+VOCAB, H_TARGET, H_DRAFT, POOL_LEN = 97, 12, 4, 512
+STEPS, STRIDE = 3, 4  # --speculative-num-steps 3 --speculative-num-draft-tokens 4
+REQ_POOL = [0, 2, 5]
+SEQ0 = [10, 17, 30]
+VERIFY_GRAPHS, TARGET_ATTN = "target-verify-cuda-graphs", "target-attn-backend"
+
+
+@pytest.fixture(scope="module")
+def sg(tmp_path_factory):
+    """The patched 0.5.9 modules, plus the upstream eagle_worker_v2 for comparison."""
+    base = tmp_path_factory.mktemp("sglang-0.5.9")
+    patched_root = unpack("0.5.9", base / "patched")
+    upstream_root = unpack("0.5.9", base / "upstream")
+    out = patching.do_apply(patching.find_sglang(patched_root))
+    assert out.code == 0, out.message
+    sglang_stubs.install()
+    sys.path.insert(0, str(patched_root))
+    before = set(sys.modules)
+    try:
+        ns = SimpleNamespace()
+        ns.ew = importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
+        assert ns.ew.__file__.startswith(str(patched_root))
+        ns.fbi = importlib.import_module("sglang.srt.model_executor.forward_batch_info")
+        ns.sb = importlib.import_module("sglang.srt.managers.schedule_batch")
+        ns.ou = importlib.import_module("sglang.srt.managers.overlap_utils")
+        ns.opm = importlib.import_module("sglang.srt.managers.scheduler_output_processor_mixin")
+        ns.sched = importlib.import_module("sglang.srt.managers.scheduler")
+        ns.lp = importlib.import_module("sglang.srt.layers.logits_processor")
+        ns.si = importlib.import_module("sglang.srt.speculative.spec_info")
+        ns.einfo = importlib.import_module("sglang.srt.speculative.eagle_info")
+        ns.sa = importlib.import_module("sglang.srt.server_args")
+        spec = importlib.util.spec_from_file_location(
+            "_upstream_eagle_worker_v2", upstream_root / "sglang/srt/speculative/eagle_worker_v2.py")
+        ns.up = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ns.up)
+        assert not hasattr(ns.up, "_dynspec_init") and hasattr(ns.ew, "_dynspec_init")
+        yield ns
+    finally:
+        sys.path.remove(str(patched_root))
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in ("sglang", "_upstream_eagle_worker_v2") + sglang_stubs.STUBBED:
+                del sys.modules[name]
+        sglang_stubs.uninstall()
+
+
+def server_args(**over):
+    args = dict(
+        enable_multi_layer_eagle=False, attention_backend="torch_native", enable_lora=False,
+        enable_dp_attention=False, pp_size=1, speculative_eagle_topk=1, enable_two_batch_overlap=False,
+        enable_pdmux=False, tp_size=1, disable_cuda_graph=False, enable_metrics=False,
+        served_model_name="fake", speculative_num_steps=STEPS, speculative_num_draft_tokens=STRIDE,
+        device="cpu", enable_nan_detection=False, page_size=1, speculative_algorithm="EAGLE3",
+    )
+    args.update(over)
+    return SimpleNamespace(**args)
+
+
+@pytest.fixture
+def env(sg, monkeypatch):
+    """Per-test global state SGLang reads, made CPU-safe."""
+    args = server_args()
+    sg.sa.set_global_server_args_for_scheduler(args)
+    # No MoE expert-parallel group exists on a CPU without torch.distributed.
+    monkeypatch.setattr(sg.fbi, "enable_num_token_non_padded", lambda server_args: False)
+    # CPU tensors have no CUDA streams; FutureMap and verify() call record_stream.
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.delenv("DYNSPEC_POLICY", raising=False)
+    return args
+
+
+# --- fakes ------------------------------------------------------------------------------
+
+
+class Trace(list):
+    def kinds(self):
+        return [c[0] for c in self]
+
+
+class FakeTargetRunner:
+    device = "cpu"
+    tp_group = None
+
+    def __init__(self):
+        self.graph_runner = VERIFY_GRAPHS
+        self.attn_backend = TARGET_ATTN
+
+
+class FakeTarget:
+    """The target model for plain steps: samples a deterministic token per request."""
+
+    def __init__(self, sg, trace):
+        self.sg, self.trace = sg, trace
+        self.model_runner = FakeTargetRunner()
+
+    def forward_batch_generation(self, model_worker_batch=None, forward_batch=None, is_verify=False,
+                                 skip_attn_backend_init=False):
+        b = model_worker_batch
+        assert b is not None and not is_verify, "the plain step runs a normal target forward"
+        self.trace.append(("target", dict(
+            mode=b.forward_mode, input_ids=b.input_ids.clone(), out_cache_loc=b.out_cache_loc.clone(),
+            seq_lens=b.seq_lens.clone(), seq_lens_cpu=b.seq_lens_cpu.clone(), seq_lens_sum=b.seq_lens_sum,
+            spec_info=b.spec_info, capture=b.capture_hidden_mode,
+            graph_runner=self.model_runner.graph_runner, attn_backend=self.model_runner.attn_backend)))
+        ids = b.input_ids.long()
+        next_ids = (ids * 7 + b.seq_lens) % VOCAB
+        hidden = ids[:, None].float() + torch.arange(H_TARGET).float()
+        return self.sg.sched.GenerationBatchResult(
+            logits_output=self.sg.lp.LogitsProcessorOutput(next_token_logits=torch.zeros(len(ids), VOCAB),
+                                                           hidden_states=hidden),
+            next_token_ids=next_ids, can_run_cuda_graph=False)
+
+
+class FakeDraftAttn:
+    def __init__(self, trace):
+        self.trace = trace
+
+    def init_forward_metadata(self, forward_batch):
+        self.trace.append(("draft_attn_init", forward_batch.forward_mode))
+
+
+class FakeDraftRunner:
+    """The EAGLE-3 draft model: predicts token+1; hidden = target hidden[:H] + position."""
+
+    device = "cpu"
+    model_is_mrope = False
+    tp_group = None
+    token_to_kv_pool = None
+
+    def __init__(self, sg, trace, pool, args):
+        self.sg, self.trace, self.req_to_token_pool, self.server_args = sg, trace, pool, args
+        self.attn_backend = FakeDraftAttn(trace)
+
+    def forward(self, forward_batch, skip_attn_backend_init=False):
+        fb = forward_batch
+        self.trace.append(("draft_forward", dict(
+            mode=fb.forward_mode, input_ids=fb.input_ids.clone(), positions=fb.positions.clone(),
+            out_cache_loc=fb.out_cache_loc.clone(), hidden_in=fb.spec_info.hidden_states.clone())))
+        n = len(fb.input_ids)
+        logits = torch.full((n, VOCAB), -1.0)
+        logits[torch.arange(n), (fb.input_ids.long() + 1) % VOCAB] = 5.0
+        hidden = fb.spec_info.hidden_states[:, :H_DRAFT].float() + fb.positions[:, None].float()
+        return SimpleNamespace(logits_output=self.sg.lp.LogitsProcessorOutput(next_token_logits=logits,
+                                                                               hidden_states=hidden))
+
+
+def make_worker(sg, cls_module, args, policy=None, graphs=None):
+    """An EAGLEWorkerV2 (patched or upstream) around fakes, without loading models."""
+    trace = Trace()
+    pool = SimpleNamespace(req_to_token=(torch.arange(8 * POOL_LEN, dtype=torch.int32).reshape(8, POOL_LEN) + 10000))
+    draft = cls_module.EagleDraftWorker.__new__(cls_module.EagleDraftWorker)
+    draft.server_args, draft.device, draft.topk = args, "cpu", 1
+    draft.speculative_num_steps, draft.speculative_num_draft_tokens = STEPS, STRIDE
+    draft.draft_runner = FakeDraftRunner(sg, trace, pool, args)
+    draft.cuda_graph_runner = draft.cuda_graph_runner_for_draft_extend = None
+    draft.draft_tp_context = lambda group: contextlib.nullcontext()
+    draft.plan_stream, draft.plan_stream_ctx = None, contextlib.nullcontext()
+    draft.hot_token_id = None
+
+    def fake_draft(batch):  # the draft forward (triton kernels): recorded, not run
+        di = batch.spec_info
+        trace.append(("draft", dict(verified_id=di.verified_id.clone(), topk_p=di.topk_p.clone(),
+                                    topk_index=di.topk_index.clone(), hidden=di.hidden_states.clone(),
+                                    seq_lens=batch.seq_lens.clone())))
+        return sg.einfo.EagleVerifyInput(
+            draft_token=None, custom_mask=None, positions=None, retrive_index=None, retrive_next_token=None,
+            retrive_next_sibling=None, retrive_cum_len=None, spec_steps=STEPS, topk=1,
+            draft_token_num=STRIDE, capture_hidden_mode=None, seq_lens_sum=None, seq_lens_cpu=None)
+
+    draft.draft = fake_draft
+
+    w = cls_module.EAGLEWorkerV2.__new__(cls_module.EAGLEWorkerV2)
+    w.server_args, w.topk, w.speculative_num_steps, w.speculative_num_draft_tokens = args, 1, STEPS, STRIDE
+    w.enable_nan_detection, w.tp_rank, w.gpu_id, w.device, w.page_size = False, 0, 0, "cpu", 1
+    w.speculative_algorithm = sg.si.SpeculativeAlgorithm.EAGLE3
+    w._target_worker = FakeTarget(sg, trace)
+    w._draft_worker = draft
+    w.req_to_token_pool = pool
+    w.plan_stream, w.plan_stream_ctx = None, contextlib.nullcontext()
+
+    def fake_verify(batch):  # target verify (GPU kernels): every request accepts 1 draft + bonus
+        trace.append(("verify", dict(seq_lens=batch.seq_lens.clone())))
+        bs = len(batch.seq_lens)
+        batch.forward_mode = sg.fbi.ForwardMode.TARGET_VERIFY
+        batch.out_cache_loc = pool.req_to_token[batch.req_pool_indices[:, None],
+                                                batch.seq_lens[:, None] + torch.arange(STRIDE)].reshape(-1).long()
+        accept = torch.full((bs,), 2, dtype=torch.int32)
+        predict = ((torch.arange(bs * STRIDE) * 3 + batch.seq_lens.repeat_interleave(STRIDE)) % VOCAB).to(torch.int32)
+        verified = predict[torch.arange(bs) * STRIDE + accept - 1]
+        hidden = torch.arange(bs * STRIDE * H_TARGET, dtype=torch.float32).reshape(bs * STRIDE, H_TARGET)
+        return sg.sched.GenerationBatchResult(
+            logits_output=sg.lp.LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden),
+            next_token_ids=predict, can_run_cuda_graph=False, accept_lens=accept,
+            next_draft_input=sg.einfo.EagleDraftInput(verified_id=verified, new_seq_lens=batch.seq_lens + accept))
+
+    w.verify = fake_verify
+    if cls_module is sg.ew:
+        w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
+        w._dynspec_graphs = graphs
+    return w, trace
+
+
+class Scripted(Policy):
+    name = "scripted"
+
+    def __init__(self, modes):
+        self.modes, self.records = list(modes), []
+
+    def decide(self, batch_size):
+        return self.modes.pop(0)
+
+    def observe(self, rec):
+        self.records.append(rec)
+
+
+def decode_batch(sg, seq_lens, spec_info, **over):
+    kw = dict(
+        forward_mode=sg.fbi.ForwardMode.DECODE, input_ids=torch.empty(0, dtype=torch.int64),
+        req_pool_indices=torch.tensor(REQ_POOL), seq_lens=seq_lens, out_cache_loc=None,
+        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), return_logprob=False,
+        top_logprobs_nums=None, token_ids_logprobs=None, global_num_tokens=None,
+        global_num_tokens_for_logprob=None, is_extend_in_batch=False, can_run_dp_cuda_graph=False,
+        tbo_split_seq_index=None, global_forward_mode=None, extend_num_tokens=None, extend_seq_lens=None,
+        extend_prefix_lens=None, extend_logprob_start_lens=None, extend_input_logprob_token_ids=None,
+        multimodal_inputs=None, encoder_cached=None, encoder_lens=None, encoder_lens_cpu=None,
+        encoder_out_cache_loc=None, lora_ids=None,
+        sampling_info=SimpleNamespace(acc_linear_penalties=None, logit_bias=None, has_custom_logit_processor=False),
+        spec_algorithm=sg.si.SpeculativeAlgorithm.EAGLE3, spec_info=spec_info, has_grammar=False)
+    kw.update(over)
+    return sg.sb.ModelWorkerBatch(**kw)
+
+
+def drive(sg, worker, steps, **batch_over):
+    """Run `steps` decode steps the way Scheduler.run_batch does under the overlap
+    scheduler: the next draft input travels through the real FutureMap."""
+    fm = sg.ou.FutureMap(max_running_requests=8, chunked_prefill_size=0, context_len=POOL_LEN, device="cpu",
+                         spec_algo=sg.si.SpeculativeAlgorithm.EAGLE3)
+    bs = len(SEQ0)
+    seq_lens = torch.tensor(SEQ0)
+    # What the draft prefill (_draft_extend_for_prefill) leaves for the first decode step.
+    first = sg.einfo.EagleDraftInput(
+        verified_id=torch.tensor([3, 4, 5], dtype=torch.int32), new_seq_lens=seq_lens.clone(),
+        topk_p=torch.ones(bs, 1), topk_index=torch.tensor([[6], [7], [8]]),
+        hidden_states=torch.zeros(bs, H_DRAFT))
+    fi = fm.alloc_future_indices(bs)
+    fm.store_to_map_for_new_batch(fi, first)
+    out = []
+    for _ in range(steps):
+        spec_info = sg.einfo.EagleDraftInput(future_indices=fi)
+        batch = decode_batch(sg, seq_lens, spec_info, **batch_over)
+        fm.resolve_future(batch)
+        resolved = SimpleNamespace(verified_id=spec_info.verified_id.clone(), topk_index=spec_info.topk_index.clone(),
+                                   topk_p=spec_info.topk_p.clone(), hidden=spec_info.hidden_states.clone(),
+                                   seq_lens=seq_lens.clone())
+        result = worker.forward_batch_generation(batch)
+        fi = fm.alloc_future_indices(bs)
+        fm.store_to_map(fi, result)  # raises if a shape no longer fits the buffers (hazard b)
+        seq_lens = result.next_draft_input.new_seq_lens
+        out.append((resolved, result))
+    return out
+
+
+def step_calls(trace, i):
+    """The trace entries of decode step i (steps start at 'draft' or 'target')."""
+    starts = [k for k, c in enumerate(trace) if c[0] in ("draft", "target")]
+    end = starts[i + 1] if i + 1 < len(starts) else len(trace)
+    return trace[starts[i]:end]
+
+
+def same(a, b):
+    return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+def test_plain_step_runs_no_draft_and_one_token_per_request(sg, env):
+    policy = Scripted([False])
+    w, trace = make_worker(sg, sg.ew, env, policy)
+    ((inp, res),) = drive(sg, w, 1)
+    assert trace.kinds() == ["target", "draft_attn_init", "draft_forward"]  # no draft(), no verify
+    t = trace[0][1]
+    seq = torch.tensor(SEQ0)
+    rt = w.req_to_token_pool.req_to_token
+    assert t["mode"] == sg.fbi.ForwardMode.DECODE
+    assert t["input_ids"].shape == (3,) and same(t["input_ids"], inp.verified_id.long())  # one token per request
+    assert same(t["out_cache_loc"], rt[torch.tensor(REQ_POOL), seq].long())  # the slot at seq_len
+    assert same(t["seq_lens"], seq + 1) and same(t["seq_lens_cpu"], seq + 1) and t["seq_lens_sum"] == int(seq.sum()) + 3
+    assert t["spec_info"] is None and t["capture"] == sg.fbi.CaptureHiddenMode.FULL
+    # Hazard (a): never the TARGET_VERIFY graphs for a 1-token batch; restored afterwards.
+    assert t["graph_runner"] is None and t["attn_backend"] == TARGET_ATTN
+    assert w.target_worker.model_runner.graph_runner == VERIFY_GRAPHS
+
+    sampled = (inp.verified_id.long() * 7 + seq + 1) % VOCAB
+    d = trace[2][1]  # the draft catch-up: the speculative step's draft-extend, accept length 1
+    assert d["mode"] == sg.fbi.ForwardMode.DRAFT_EXTEND_V2
+    assert same(d["input_ids"], sampled.to(torch.int32).repeat_interleave(STRIDE))
+    assert same(d["positions"], (seq[:, None] + torch.arange(STRIDE)).reshape(-1))
+    assert same(d["out_cache_loc"], rt[torch.tensor(REQ_POOL)[:, None], seq[:, None] + torch.arange(STRIDE)].reshape(-1).long())
+
+    assert res.dynspec_speculated is False
+    assert same(res.accept_lens, torch.ones(3, dtype=torch.int32))
+    assert same(res.next_token_ids.reshape(3, STRIDE)[:, 0], sampled)
+    nd = res.next_draft_input
+    assert same(nd.verified_id, sampled) and same(nd.new_seq_lens, seq + 1)
+    assert nd.topk_p.shape == (3, 1) and nd.topk_index.shape == (3, 1) and nd.hidden_states.shape == (3, H_DRAFT)
+    assert same(nd.topk_index[:, 0], (sampled + 1) % VOCAB)  # the draft's guess after the new token
+    target_hidden = inp.verified_id.float()[:, None] + torch.arange(H_TARGET).float()
+    assert torch.allclose(nd.hidden_states, target_hidden[:, :H_DRAFT] + seq[:, None].float())
+    assert res.logits_output.hidden_states is None  # nothing extra to copy to the CPU
+    assert w.dynspec.stats()["steps_plain"] == 1 and w.dynspec.mode == "plain"
+
+
+def test_plain_step_uses_plain_graphs_when_captured(sg, env):
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False]), graphs=("plain-decode-graphs", "plain-attn"))
+    drive(sg, w, 1)
+    t = trace[0][1]
+    assert (t["graph_runner"], t["attn_backend"]) == ("plain-decode-graphs", "plain-attn")
+    assert (w.target_worker.model_runner.graph_runner, w.target_worker.model_runner.attn_backend) == (
+        VERIFY_GRAPHS, TARGET_ATTN)
+
+
+def test_speculate_takes_the_original_path(sg, env):
+    modes = [True] * 3
+    w, trace = make_worker(sg, sg.ew, env, Scripted(modes))
+    u, utrace = make_worker(sg, sg.up, env)
+    got, want = drive(sg, w, 3), drive(sg, u, 3)
+    assert trace.kinds() == utrace.kinds() == ["draft", "verify", "draft_attn_init", "draft_forward"] * 3
+    assert_same_runs(got, want, trace, utrace)
+
+
+def test_unset_policy_is_exactly_upstream(sg, env, monkeypatch):
+    monkeypatch.delenv("DYNSPEC_POLICY", raising=False)
+    w, trace = make_worker(sg, sg.ew, env)
+    sg.ew._dynspec_init(w)
+    assert w.dynspec is None and w._dynspec_graphs is None
+    u, utrace = make_worker(sg, sg.up, env)
+    got, want = drive(sg, w, 4), drive(sg, u, 4)
+    assert trace.kinds() == utrace.kinds()
+    assert_same_runs(got, want, trace, utrace)
+    assert not hasattr(got[0][1], "dynspec_speculated")
+
+
+def assert_same_runs(got, want, trace, utrace):
+    for (gi, gr), (wi, wr) in zip(got, want):
+        for k in ("verified_id", "topk_index", "topk_p", "hidden", "seq_lens"):
+            assert same(getattr(gi, k), getattr(wi, k)), k
+        assert same(gr.next_token_ids, wr.next_token_ids) and same(gr.accept_lens, wr.accept_lens)
+        for k in ("verified_id", "new_seq_lens", "topk_p", "topk_index", "hidden_states"):
+            assert same(getattr(gr.next_draft_input, k), getattr(wr.next_draft_input, k)), k
+    for (gk, ga), (wk, wa) in zip(trace, utrace):
+        assert gk == wk
+        if isinstance(ga, dict):
+            for key in ga:
+                assert same(ga[key], wa[key]) if torch.is_tensor(ga[key]) else ga[key] == wa[key], (gk, key)
+
+
+def test_switches_in_both_directions_keep_inputs_well_formed(sg, env):
+    modes = [True, False, False, True, False, True]
+    w, trace = make_worker(sg, sg.ew, env, Scripted(modes))
+    runs = drive(sg, w, len(modes))
+    for i, (mode, (inp, res)) in enumerate(zip(modes, runs)):
+        calls = step_calls(trace, i)
+        kinds = [c[0] for c in calls]
+        assert kinds == (["draft", "verify", "draft_attn_init", "draft_forward"] if mode
+                         else ["target", "draft_attn_init", "draft_forward"]), (i, kinds)
+        # The inputs of every step are what the previous step left, with the same shapes.
+        assert inp.verified_id.shape == (3,) and inp.topk_p.shape == (3, 1)
+        assert inp.topk_index.shape == (3, 1) and inp.hidden.shape == (3, H_DRAFT)
+        if i:
+            prev_in, prev = runs[i - 1]
+            nd = prev.next_draft_input
+            assert same(inp.verified_id, nd.verified_id) and same(inp.topk_index, nd.topk_index)
+            assert same(inp.hidden, nd.hidden_states) and same(inp.seq_lens, nd.new_seq_lens)
+            assert same(inp.seq_lens, prev_in.seq_lens + (2 if modes[i - 1] else 1))
+        if mode:  # the draft starts from exactly those inputs
+            d = calls[0][1]
+            assert same(d["verified_id"], inp.verified_id) and same(d["topk_index"], inp.topk_index)
+            assert same(d["hidden"], inp.hidden) and same(d["seq_lens"], inp.seq_lens)
+        else:  # the target continues from the last verified token
+            assert same(calls[0][1]["input_ids"], inp.verified_id.long())
+            assert same(calls[0][1]["seq_lens"], inp.seq_lens + 1)
+    st = w.dynspec.stats()
+    assert (st["steps_speculated"], st["steps_plain"], st["switches"]) == (3, 3, 4)
+
+
+def test_grammar_batch_keeps_speculating(sg, env):
+    policy = Scripted([False])
+    w, trace = make_worker(sg, sg.ew, env, policy)
+    drive(sg, w, 1, has_grammar=True)
+    assert trace.kinds()[:2] == ["draft", "verify"]
+    assert w.dynspec.forced_spec == 1 and w.dynspec.steps_spec == 1
+
+
+def test_output_processor_feeds_the_policy_from_cpu_accept_lengths(sg, env):
+    """Hazard (c): observe() is fed from accept_lens.tolist() in the output processor."""
+    policy = Scripted([True, False])
+    w, _ = make_worker(sg, sg.ew, env, policy)
+    runs = drive(sg, w, 2)
+    scheduler = SimpleNamespace(draft_worker=w)
+    outs = []
+    for inp, res in runs:
+        reqs = [SimpleNamespace(kv_committed_len=0, spec_verify_ct=0, spec_accepted_tokens=0,
+                                update_spec_acceptance_histogram=lambda n: None) for _ in range(3)]
+        outs.append(sg.opm.SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids(
+            scheduler, res, SimpleNamespace(reqs=reqs)))
+        assert [r.kv_committed_len for r in reqs] == res.accept_lens.tolist()
+    assert [len(t) for t in outs[0]] == [2, 2, 2] and [len(t) for t in outs[1]] == [1, 1, 1]
+    assert outs[1] == [[int(x)] for x in runs[1][1].next_draft_input.verified_id]
+    rec_spec, rec_plain = policy.records
+    assert (rec_spec.batch_size, rec_spec.speculated, tuple(rec_spec.accepted)) == (3, True, (1, 1, 1))
+    assert (rec_plain.batch_size, rec_plain.speculated, tuple(rec_plain.accepted)) == (3, False, ())
+
+
+def test_server_info_reports_the_counters(sg, env):
+    w, _ = make_worker(sg, sg.ew, env, Scripted([True, False, False]))
+    drive(sg, w, 3)
+    runner = SimpleNamespace(weight_load_mem_usage=1.0, graph_mem_usage=0.5)
+    fake = SimpleNamespace(
+        draft_worker=w, last_gen_throughput=0.0, tp_worker=SimpleNamespace(model_runner=runner),
+        token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: SimpleNamespace(mem_usage=2.0)),
+        max_total_num_tokens=100, max_running_requests=8,
+        spec_algorithm=sg.si.SpeculativeAlgorithm.EAGLE3, spec_total_num_forward_ct=0)
+    state = sg.sched.Scheduler.get_internal_state(fake, None).internal_state
+    d = state["dynspec"]
+    assert d["policy"] == "scripted" and d["mode"] == "plain"
+    assert (d["steps_speculated"], d["steps_plain"], d["switches"]) == (1, 2, 1)
+    assert d["last_switch"]["step"] == 2 and d["last_switch"]["to"] == "plain"
+    fake.draft_worker = SimpleNamespace()  # a worker without dynspec: no key at all
+    # (upstream builds the reply in the global ServerArgs' own __dict__: start from a fresh one)
+    sg.sa.set_global_server_args_for_scheduler(server_args())
+    assert "dynspec" not in sg.sched.Scheduler.get_internal_state(fake, None).internal_state
+
+
+# --- start-up wiring: inert, live, or one warning ----------------------------------------
+
+
+def test_init_builds_a_live_controller_from_the_environment(sg, env, monkeypatch, caplog):
+    monkeypatch.setenv("DYNSPEC_POLICY", "table:1-2=on,3-=off")
+    w, trace = make_worker(sg, sg.ew, env)
+    with caplog.at_level(logging.INFO):
+        sg.ew._dynspec_init(w)
+    assert isinstance(w.dynspec, Controller) and w.dynspec.plain_step_kind == "eager"
+    assert any("is live" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        drive(sg, w, 2)  # batch of 3: the table says plain
+    assert trace.kinds()[0] == "target"
+    switch = [r.getMessage() for r in caplog.records if "switch" in r.getMessage()]
+    assert len(switch) == 1 and "spec -> plain at step 1, batch size 3" in switch[0]
+
+
+@pytest.mark.parametrize("setup, expect", [
+    (lambda mp, args: mp.setenv("DYNSPEC_POLICY", "threshold:"), "invalid"),
+    (lambda mp, args: mp.setenv("DYNSPEC_PROFILE", "/nonexistent/profile.yaml"), "cannot start"),
+    (lambda mp, args: mp.setitem(sys.modules, "dynspec.sglang_hook", None), "cannot be imported"),
+    (lambda mp, args: setattr(args, "enable_dp_attention", True), "not supported"),
+])
+def test_misconfiguration_warns_once_and_speculates(sg, env, monkeypatch, caplog, setup, expect):
+    monkeypatch.setenv("DYNSPEC_POLICY", "never")
+    setup(monkeypatch, env)
+    w, trace = make_worker(sg, sg.ew, env)
+    with caplog.at_level(logging.WARNING):
+        sg.ew._dynspec_init(w)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert w.dynspec is None
+    assert len(warnings) == 1 and expect in warnings[0] and "speculates" in warnings[0], warnings
+    drive(sg, w, 1)
+    assert trace.kinds()[:2] == ["draft", "verify"]
+
+
+# --- hazard (a): the plain-step CUDA graphs, captured as a plain server would ------------
+
+
+def test_plain_graph_capture_sees_a_plain_server(sg, env, monkeypatch):
+    """The capture runs SGLang's CudaGraphRunner (faked here: no CUDA) on the target's
+    model runner while it looks like a plain server's, with a fresh attention backend,
+    keeping hidden states; the verify graphs and backend are restored afterwards."""
+    cgr = importlib.import_module("sglang.srt.model_executor.cuda_graph_runner")
+    seen = {}
+
+    class FakeCudaGraphRunner:
+        def __init__(self, model_runner):
+            seen["spec_algorithm"] = model_runner.spec_algorithm
+            seen["attn_backend"] = model_runner.attn_backend
+            self.capture_hidden_mode = sg.fbi.CaptureHiddenMode.NULL
+            self.capture_bs = [1, 2, 4]
+            self.capture()
+
+        def capture(self):
+            seen["capture_hidden_mode"] = self.capture_hidden_mode
+
+        def get_spec_info(self, num_tokens):
+            return "a verify input"
+
+    monkeypatch.setattr(cgr, "CudaGraphRunner", FakeCudaGraphRunner)
+    monkeypatch.setattr(sg.ew, "get_available_gpu_memory", lambda *a, **k: 10.0)
+    w, _ = make_worker(sg, sg.ew, env)
+    runner = w.target_worker.model_runner
+    runner.spec_algorithm = sg.si.SpeculativeAlgorithm.EAGLE3
+    runner._get_attention_backend = lambda: ("fresh-backend", runner.spec_algorithm)
+    graphs, backend = sg.ew._dynspec_capture_plain_graphs(w)
+    assert seen["spec_algorithm"] == sg.si.SpeculativeAlgorithm.NONE  # DECODE, 1 token per request
+    assert seen["attn_backend"] == backend == ("fresh-backend", sg.si.SpeculativeAlgorithm.NONE)
+    assert seen["capture_hidden_mode"] == sg.fbi.CaptureHiddenMode.FULL
+    assert graphs.get_spec_info(4) is None
+    assert runner.spec_algorithm == sg.si.SpeculativeAlgorithm.EAGLE3
+    assert (runner.graph_runner, runner.attn_backend) == (VERIFY_GRAPHS, TARGET_ATTN)
+
+    def boom(model_runner):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(cgr, "CudaGraphRunner", type("Failing", (), {"__init__": lambda self, mr: boom(mr)}))
+    assert sg.ew._dynspec_capture_plain_graphs(w) is None  # plain steps then run eagerly
+    assert runner.spec_algorithm == sg.si.SpeculativeAlgorithm.EAGLE3
+    assert (runner.graph_runner, runner.attn_backend) == (VERIFY_GRAPHS, TARGET_ATTN)

@@ -1,0 +1,188 @@
+"""The step engine: acceptance model, batching, policy feedback, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dynspec.engine import Engine, expected_accept_length, solve_mean_rate
+from dynspec.policy import Policy, StepRecord, build_policy
+from dynspec.profile import parse_profile
+
+
+def make_profile(**over):
+    data = {
+        "name": "t",
+        "speculative": {"num_steps": 3},
+        "acceptance": {"accept_length": 2.5, "concentration": 10},
+        "steps": {"batch_size": [1, 8, 64], "plain_ms": [10.0, 12.0, 40.0], "spec_ms": [15.0, 20.0, 90.0]},
+        "prefill": {"fixed_ms": 5.0, "per_token_ms": 0.01, "chunk_tokens": 512},
+        "provenance": {"kind": "derived", "source": "test"},
+    }
+    for k, v in over.items():
+        data[k] = {**data[k], **v} if isinstance(v, dict) else v
+    return parse_profile(data)
+
+
+def run(engine: Engine, max_steps: int = 10**6) -> list:
+    steps = []
+    while (s := engine.step()) is not None and len(steps) < max_steps:
+        steps.append(s)
+    return steps
+
+
+class Recorder(Policy):
+    """Speculates while batch <= limit; keeps every StepRecord it is shown."""
+
+    def __init__(self, limit: int):
+        self.limit, self.records = limit, []
+
+    def decide(self, batch_size):
+        return batch_size <= self.limit
+
+    def observe(self, rec):
+        self.records.append(rec)
+
+
+@pytest.mark.parametrize("steps,conc", [(1, 5.0), (3, 10.0), (5, 2.0), (7, 50.0)])
+def test_solved_rate_reproduces_accept_length(steps, conc):
+    for target in (1.2, 1.0 + steps / 2, 0.5 + steps):
+        r = solve_mean_rate(target, conc, steps)
+        assert 0 < r < 1
+        assert expected_accept_length(r, conc, steps) == pytest.approx(target, rel=1e-6)
+
+
+def test_accept_length_rises_with_rate_and_is_bounded():
+    xs = [expected_accept_length(r / 10, 10, 3) for r in range(11)]
+    assert xs[0] == 1.0 and xs[-1] == 4.0
+    assert all(a < b for a, b in zip(xs, xs[1:]))
+
+
+def test_long_run_accept_length_matches_profile():
+    # Many long requests speculating every step: the engine's SGLang-style average
+    # (tokens per request per verify step) must land on the profile's accept length.
+    p = make_profile()
+    eng = Engine(p, build_policy("always"), seed=3)
+    for _ in range(200):
+        eng.submit(16, 400)
+    run(eng)
+    assert eng.stats.accept_length == pytest.approx(2.5, rel=0.04)
+
+
+def test_requests_get_exactly_their_tokens_and_spec_steps_stay_in_bounds():
+    p = make_profile()
+    eng = Engine(p, build_policy("always"), seed=1)
+    reqs = [eng.submit(100, n) for n in (1, 2, 3, 17, 64)]
+    steps = run(eng)
+    for r in reqs:
+        assert r.generated == r.output_len and r.finished
+        assert r.first_token_time <= r.last_token_time == r.finish_time
+    decode = [s for s in steps if s.kind == "decode"]
+    assert all(s.speculated for s in decode)
+    assert eng.stats.tokens_out == sum(r.output_len for r in reqs)
+    # No request ever got more than num_steps + 1 tokens from one verify step.
+    assert all(r.spec_tokens <= r.spec_steps * 4 for r in reqs)
+
+
+def test_policy_sees_batch_sizes_accepted_counts_and_profile_step_times():
+    p = make_profile()
+    pol = Recorder(limit=2)
+    eng = Engine(p, pol, seed=0)
+    for n in (20, 30, 50, 50):
+        eng.submit(10, n)
+    steps = run(eng)
+    decode = [s for s in steps if s.kind == "decode"]
+    assert len(pol.records) == len(decode)
+    for s, rec in zip(decode, pol.records):
+        assert isinstance(rec, StepRecord)
+        assert rec.batch_size == s.batch_size
+        assert rec.speculated == (s.batch_size <= 2) == s.speculated
+        want = p.spec_time(s.batch_size) if rec.speculated else p.plain_time(s.batch_size)
+        assert rec.step_time_s == pytest.approx(want) == pytest.approx(s.duration)
+        if rec.speculated:
+            assert len(rec.accepted) == rec.batch_size
+            assert all(0 <= k <= 3 for k in rec.accepted)
+        else:
+            assert rec.accepted == ()
+    assert eng.stats.switches >= 1  # it went plain at 4 and back to spec as requests finished
+
+
+def test_prefill_is_chunked_and_goes_before_decode():
+    p = make_profile()  # chunk 512 tokens
+    eng = Engine(p, None)
+    a = eng.submit(100, 5)
+    s1 = eng.step()
+    assert s1.kind == "prefill" and s1.batch_size == 100 and s1.emitted == [a]
+    assert a.generated == 1 and a.first_token_time == pytest.approx(p.prefill.time_s(100))
+    b = eng.submit(1200, 3)  # arrives while a decodes: 3 chunks of at most 512 tokens
+    kinds = [eng.step() for _ in range(3)]
+    assert [s.kind for s in kinds] == ["prefill"] * 3
+    assert [s.batch_size for s in kinds] == [512, 512, 176]
+    assert b.generated == 1 and a.generated == 1  # a waited: prefill first
+    assert eng.step().kind == "decode"
+
+
+def test_baseline_times_are_plain_and_extrapolation_is_flagged():
+    p = make_profile()
+    eng = Engine(p, None)
+    for _ in range(80):
+        eng.submit(1, 3)
+    steps = run(eng)
+    decode = [s for s in steps if s.kind == "decode"]
+    assert decode and all(not s.speculated for s in decode)
+    assert all(s.extrapolated == (s.batch_size > 64) for s in decode)
+    assert eng.stats.steps_extrapolated == sum(s.extrapolated for s in decode) > 0
+    assert decode[0].duration == pytest.approx(p.plain_time(80))
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    p = make_profile()
+
+    def trace(seed):
+        eng = Engine(p, build_policy("goodput"), seed=seed)
+        for _ in range(6):
+            eng.submit(50, 80)
+        return [(s.kind, s.batch_size, s.speculated, round(s.end, 12)) for s in run(eng)], eng.stats.tokens_out
+
+    assert trace(7) == trace(7)
+    assert trace(7)[0] != trace(8)[0]
+
+
+def test_abort_drops_a_request_everywhere():
+    p = make_profile()
+    eng = Engine(p, None)
+    a, b, c = eng.submit(10, 100), eng.submit(10, 100), eng.submit(10, 100)
+    eng.step()  # prefill of all three
+    eng.abort(b)
+    eng.abort(b)  # twice is harmless
+    s = eng.step()
+    assert s.batch_size == 2 and b not in s.emitted
+    d = eng.submit(10, 5)
+    eng.abort(d)  # still waiting
+    assert d not in eng.waiting and eng.stats.requests_aborted == 2
+    run(eng)
+    assert a.finished and c.finished and not b.finished
+
+
+def test_max_running_requests_caps_the_batch():
+    p = make_profile()
+    eng = Engine(p, None, max_running_requests=3)
+    for _ in range(7):
+        eng.submit(10, 20)
+    steps = run(eng)
+    assert max(s.batch_size for s in steps if s.kind == "decode") == 3
+    assert eng.stats.requests_finished == 7
+
+
+def test_bad_arguments_are_refused():
+    p = make_profile()
+    with pytest.raises(ValueError, match="max_running_requests"):
+        Engine(p, None, max_running_requests=0)
+    with pytest.raises(ValueError, match="input_len"):
+        Engine(p, None).submit(0, 5)
+    with pytest.raises(ValueError, match="accept length"):
+        solve_mean_rate(5.0, 10, 3)
+    with pytest.raises(ValueError, match="out of reach.*concentration"):
+        solve_mean_rate(5.95, 0.5, 5)  # requests so unlike that the mean cannot get there
+    assert math.isnan(Engine(p, None).stats.accept_length)

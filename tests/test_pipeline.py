@@ -1,0 +1,295 @@
+"""`dynspec pipeline` end to end (papermill on the real notebooks), its failure path, its inputs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from dynspec import pipeline
+from dynspec.report import headline, load_run
+from pipeline_fixture import ROOT, TINY_CONFIG, published, run_pipeline
+
+STAGES = ["kernel", *pipeline.NOTEBOOKS, "render html", "index", "total"]
+
+
+@pytest.fixture(scope="module")
+def pub():
+    p = published()
+    assert p.proc.returncode == 0, p.proc.stdout + p.proc.stderr
+    return p
+
+
+# End to end ---------------------------------------------------------------------------
+
+def test_prints_every_stage_with_its_time_and_the_report_path(pub):
+    out = pub.proc.stdout
+    for stage in STAGES:
+        assert re.search(rf"^\[pipeline\] {re.escape(stage)}\s+\d+\.\d s$", out, re.M), f"no time for {stage}"
+    assert out.rstrip().splitlines()[-1] == f"report: {pub.report_dir / 'report.html'}"
+
+
+def test_keeps_the_executed_notebooks_with_their_outputs(pub):
+    for name in pipeline.NOTEBOOKS:
+        nb = nbformat.read(pub.report_dir / f"{name}.ipynb", as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert any(c.outputs for c in code), f"{name} has no outputs"
+        assert not any(o.get("output_type") == "error" for c in code for o in c.outputs)
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert injected, f"{name}: papermill injected no parameters"
+    sweep = nbformat.read(pub.report_dir / "02_sweep.ipynb", as_version=4)
+    injected = next(c for c in sweep.cells if "injected-parameters" in c.metadata.get("tags", []))
+    assert f'run_id = "{pub.run_id}"' in injected.source and 'backend = "sim"' in injected.source
+
+
+def test_the_sweep_wrote_the_run_folder_the_report_reads(pub):
+    run = load_run(pub.runs / pub.run_id)
+    assert run.backend == "sim"
+    assert set(run.results["arm"]) == {"baseline", "eagle3", "dynamic"}
+    assert sorted(set(run.results["concurrency"])) == [1, 4, 16]
+    saved = yaml.safe_load((pub.report_dir / "pipeline.yaml").read_text())
+    pc = pipeline.PipelineConfig.model_validate(saved)  # the resolved settings round-trip
+    assert pc.run_id == pub.run_id and pc.backend == "sim" and pc.config == pub.config
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'<img[^>]+src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_report_html_embeds_its_figures_hides_code_and_fetches_nothing(pub):
+    page = (pub.report_dir / "report.html").read_text()
+    imgs = _images(page)
+    assert len(imgs) >= 5, "throughput, speedup, envelope, latency, speculation figures"
+    assert all(b.startswith(b"\x89PNG\r\n\x1a\n") and len(b) > 5000 for b in imgs)
+    assert not re.search(r"<img[^>]+src=\"(?!data:)", page), "an image that is not embedded"
+    # Nothing from a CDN, nor any other network fetch.
+    assert not re.search(r"<script[^>]+src=", page)
+    assert not re.search(r"<link[^>]+href=\"(https?:)?//", page)
+    assert not [u for u in re.findall(r"(?:src|href)=\"([^\"]*)\"", page) if "cdn" in u.lower() and not u.startswith("data:")]
+    assert pipeline.external_references(page) == []
+    # Code hidden: no notebook source in the page.
+    assert "from dynspec import report" not in page and "report.throughput_figure" not in page
+    # The banner, and the seed's numbers labelled as such.
+    assert "Simulated: these numbers are simulated from profile seed-blackwell" in page
+    assert "measured by the seed investigation on 8x RTX PRO 6000" in page
+    assert "299.5" in page and "711.0" in page
+
+
+def test_index_lists_the_run_with_its_headline(pub):
+    page = (pub.reports / "index.html").read_text()
+    assert f'href="{pub.run_id}/report.html"' in page
+    summary = json.loads((pub.report_dir / "summary.json").read_text())
+    want = headline(load_run(pub.runs / pub.run_id))
+    for key in ("baseline_peak", "eagle3_peak", "crossover", "best_policy", "backend", "config"):
+        assert summary[key] == json.loads(json.dumps(want[key]))
+    row = next(r for r in page.split("<tr>") if pub.run_id in r)
+    assert "tiny" in row and "sim (seed-blackwell)" in row and "CI (simulated)" in row
+    assert f"{summary['baseline_peak']['output_throughput']:.1f} tok/s" in row
+
+
+def test_a_second_run_is_refused_unless_resumed_or_overwritten(pub, tmp_path):
+    args = ["--config", str(pub.config), "--run-id", pub.run_id, "--runs-dir", str(pub.runs),
+            "--reports-dir", str(tmp_path / "elsewhere")]
+    before = sorted(p.name for p in pub.runs.iterdir())
+    proc = run_pipeline(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "run folder exists; pass --resume" in proc.stderr
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in pub.runs.iterdir()) == before
+
+
+def test_emulate_backend_runs_through_the_notebook_over_loopback_http(tmp_path):
+    # The sweep's HTTP clients run their own asyncio loop inside a kernel that has one.
+    proc = run_pipeline("--config", str(ROOT / "configs" / "ci-tiny.yaml"), "--backend", "emulate",
+                        "--run-id", "emu", "--runs-dir", str(tmp_path / "runs"),
+                        "--reports-dir", str(tmp_path / "reports"), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = load_run(tmp_path / "runs" / "emu")
+    assert run.backend == "emulate" and len(run.results) == 4
+    assert (run.results["error"] == "").all() and (run.results["completed"] == 8).all()
+    page = (tmp_path / "reports" / "emu" / "report.html").read_text()
+    assert "Emulated: these numbers are simulated from profile seed-blackwell" in page
+
+
+# Failure ------------------------------------------------------------------------------
+
+def test_a_failing_notebook_stops_the_pipeline_and_stays_for_inspection(tmp_path):
+    nb_dir = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", nb_dir)
+    nb = nbformat.read(nb_dir / "02_sweep.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell("raise RuntimeError('boom from the test')"))
+    nbformat.write(nb, nb_dir / "02_sweep.ipynb")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    reports = tmp_path / "reports"
+    proc = run_pipeline("--config", str(config), "--run-id", "broken", "--runs-dir", str(tmp_path / "runs"),
+                        "--reports-dir", str(reports), "--notebooks-dir", str(nb_dir))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "dynspec pipeline: 02_sweep failed at cell In [" in proc.stderr
+    assert "RuntimeError: boom from the test" in proc.stderr
+    assert "failing cell:\n    raise RuntimeError('boom from the test')" in proc.stderr
+    kept = reports / "broken" / "02_sweep.ipynb"
+    assert f"executed notebook kept for inspection: {kept}" in proc.stderr
+    executed = nbformat.read(kept, as_version=4)
+    errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert errors and errors[0]["evalue"] == "boom from the test"
+    # It stopped there: earlier stages ran, later ones did not, nothing was published.
+    assert "[pipeline] 01_patch" in proc.stdout and "[pipeline] 02_sweep" not in proc.stdout
+    assert not (reports / "broken" / "03_report.ipynb").exists()
+    assert not (reports / "broken" / "report.html").exists()
+    assert not (reports / "index.html").exists()
+
+
+# Inputs -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--config", "no/such.yaml"], "no/such.yaml: no such config file"),
+    (["--config", "{tiny}", "--run-id", "bad id"], "run id 'bad id'"),
+    (["--config", "{tiny}", "--resume"], "--resume needs the --run-id"),
+    (["--config", "{tiny}", "--run-id", "x", "--resume", "--overwrite"], "give one of them"),
+    (["--config", "{tiny}", "--run-id", "x", "--resume"], "nothing to resume"),
+    (["--config", "{tiny}", "--reference", "no/ref.csv"], "no such reference table"),
+    (["--config", "{tiny}", "--compare", "no/run"], "not a run folder"),
+    (["--config", "{tiny}", "--notebooks-dir", "{tmp}"], "missing notebooks 00_environment.ipynb"),
+    (["--config", "{live}", "--backend", "live"], "model: fill in the target model's path"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path, args, complaint):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    live = ROOT / "configs" / "seed-blackwell.yaml"
+    args = [a.format(tiny=tiny, tmp=tmp_path, live=live) for a in args]
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    proc = run_pipeline(*args, "--reports-dir", str(reports), "--runs-dir", str(runs), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("dynspec pipeline: ") and proc.stderr.count("\n") == 1
+    assert complaint in proc.stderr
+    assert not reports.exists() and not runs.exists()
+
+
+def test_overwrite_never_replaces_a_live_run(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    run = tmp_path / "runs" / "precious"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "precious", "backend": "live"}))
+    with pytest.raises(pipeline.PipelineError, match="a live run is never overwritten"):
+        pipeline.resolve(tiny, run_id="precious", overwrite=True, runs_dir=tmp_path / "runs",
+                         reports_dir=tmp_path / "reports")
+    assert (run / "run.json").is_file()
+    pc = pipeline.resolve(tiny, run_id="fresh", runs_dir=tmp_path / "runs", reports_dir=tmp_path / "reports")
+    assert pc.cell_timeout_s == 600 and pc.run_dir == tmp_path / "runs" / "fresh"
+    assert pipeline.resolve(tiny, run_id="f", backend="emulate", runs_dir=tmp_path).cell_timeout_s > 3600
+
+
+def test_default_run_id_follows_the_sweeps_naming(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    pc = pipeline.resolve(tiny, backend="sim", runs_dir=tmp_path / "runs", reports_dir=tmp_path / "reports")
+    assert re.fullmatch(r"tiny-sim-\d{8}-\d{6}", pc.run_id)
+
+
+# Pieces -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("page, found", [
+    ('<script src="https://cdnjs.cloudflare.com/require.js"></script>', 1),
+    ('<script src="//cdn.example/x.js"></script>', 1),
+    ('<link rel="stylesheet" href="http://fonts.example/f.css">', 1),
+    ("<style>@import 'https://fonts.example/f.css';</style>", 1),
+    ("<style>body { background: url(https://x.example/b.png) }</style>", 1),
+    ('<img src="https://x.example/a.png">', 1),
+    ('<img src="data:image/png;base64,AAAA"><a href="https://example.org">a link is not a fetch</a>', 0),
+    ('<script>var x = "https://not.fetched";</script><link rel="icon" href="data:,">', 0),
+])
+def test_external_references_finds_what_a_browser_would_fetch(page, found):
+    assert len(pipeline.external_references(page)) == found
+
+
+def _summary(tmp_path: Path, run_id: str, generated: str, with_report=True) -> None:
+    d = tmp_path / run_id
+    d.mkdir()
+    s = {"run_id": run_id, "generated": generated, "config": "c", "hardware": "h", "backend": "sim",
+         "profile": "p", "baseline_peak": {"output_throughput": 700.04, "concurrency": 64},
+         "eagle3_peak": None, "crossover": {"status": "crosses", "concurrency": 7.5},
+         "best_policy": {"arm": "dyn", "mean_of_envelope": 0.98, "worst_of_envelope": 0.9}, "report": "report.html"}
+    (d / "summary.json").write_text(json.dumps(s))
+    if with_report:
+        (d / "report.html").write_text("<html></html>")
+
+
+def test_index_is_newest_first_and_only_links_reports_that_exist(tmp_path):
+    _summary(tmp_path, "old", "2026-01-01T00:00:00+00:00")
+    _summary(tmp_path, "new", "2026-02-01T00:00:00+00:00")
+    _summary(tmp_path, "half", "2026-03-01T00:00:00+00:00", with_report=False)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "summary.json").write_text("{not json")
+    page = pipeline.write_index(tmp_path).read_text()
+    links = re.findall(r'href="([^"]+)"', page)
+    assert links == ["new/report.html", "old/report.html"]
+    assert all((tmp_path / link).is_file() for link in links)
+    assert "700.0 tok/s @ C=64" in page and "C≈7.5" in page and "dyn: 98.0% (worst 90.0%)" in page
+    assert pipeline.external_references(page) == []
+
+
+def test_index_without_reports_says_so(tmp_path):
+    page = pipeline.write_index(tmp_path).read_text()
+    assert "no reports yet" in page and "<a " not in page
+
+
+# The notebooks themselves ---------------------------------------------------------------
+
+NOTEBOOK_DIR = ROOT / "notebooks"
+
+
+@pytest.mark.parametrize("name", pipeline.NOTEBOOKS)
+def test_notebook_is_paired_thin_and_committed_without_outputs(name):
+    import jupytext
+
+    nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+    assert nb.metadata["jupytext"]["formats"] == "ipynb,py:percent"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), f"{name}.ipynb has outputs"
+    assert [("parameters" in c.metadata.get("tags", [])) for c in code].count(True) == 1
+    # The .py twin says the same: same cells, same sources (jupytext --sync keeps them so).
+    py = jupytext.read(NOTEBOOK_DIR / f"{name}.py")
+    assert [(c.cell_type, c.source) for c in py.cells] == [(c.cell_type, c.source) for c in nb.cells]
+    # Thin: the logic lives in dynspec; a notebook is prose, parameters and calls.
+    assert sum(len(c.source.splitlines()) for c in code) <= 60
+
+
+def test_each_notebook_runs_with_its_default_parameters(tmp_path):
+    """As in JupyterLab: the notebook's own kernel, cwd notebooks/, no parameters given."""
+    import papermill as pm
+
+    nb_dir = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, nb_dir, ignore=shutil.ignore_patterns("*.py"))
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "ci-tiny.yaml", tmp_path / "configs")
+    shutil.copytree(ROOT / "data" / "reference", tmp_path / "data" / "reference")
+    runs = tmp_path / "data" / "runs"
+
+    def run(name):
+        out = tmp_path / f"{name}.out.ipynb"
+        pm.execute_notebook(str(nb_dir / f"{name}.ipynb"), str(out), cwd=str(nb_dir), progress_bar=False,
+                            execution_timeout=300)
+        return nbformat.read(out, as_version=4)
+
+    # 03 first, on a checkout with no runs: it simulates the tiny config to have one.
+    report = run("03_report")
+    assert len(list(runs.iterdir())) == 1
+    assert "Simulated" in json.dumps([c.get("outputs") for c in report.cells])
+    sweep = run("02_sweep")
+    assert len(list(runs.iterdir())) == 2
+    assert "complete" in json.dumps([c.get("outputs") for c in sweep.cells])
+    env = json.dumps([c.get("outputs") for c in run("00_environment").cells])
+    assert "no GPU" in env or "GPUs" in env
+    patch = json.dumps([c.get("outputs") for c in run("01_patch").cells])
+    assert "nothing changed" in patch

@@ -1,0 +1,318 @@
+"""dynspec.report on synthetic results whose right answers are known by construction."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd
+import pytest
+
+from dynspec import report
+from dynspec.results import make_row, write_table
+
+# Output tok/s by arm and concurrency: eagle3 pays at C<=4 and loses from C=16 on.
+THROUGHPUT = {
+    "baseline": {1: 100.0, 4: 350.0, 16: 1000.0, 64: 1600.0},
+    "eagle3": {1: 150.0, 4: 420.0, 16: 800.0, 64: 700.0},
+    "dynamic": {1: 140.0, 4: 400.0, 16: 950.0, 64: 1500.0},
+}
+POLICY = {"baseline": "none", "eagle3": "always", "dynamic": "goodput"}  # as the sim writes them
+
+
+def _rows(throughput=THROUGHPUT, run_id="r1", backend="sim", repeats=1, policy=POLICY):
+    rows = []
+    for arm, levels in throughput.items():
+        for c, thr in levels.items():
+            for rep in range(repeats):
+                spec = policy[arm] not in ("none", "never")
+                rows.append(make_row(
+                    {"run_id": run_id, "arm": arm, "policy": policy[arm], "backend": backend,
+                     "profile": "seed-blackwell", "concurrency": c, "repeat": rep},
+                    {"completed": 50, "failed": 0, "duration_s": 10.0, "output_throughput": thr,
+                     "median_ttft_ms": 50.0 * c, "p99_ttft_ms": 80.0 * c, "mean_ttft_ms": 55.0 * c,
+                     "median_tpot_ms": 10.0 + c, "p99_tpot_ms": 15.0 + c, "mean_tpot_ms": 11.0 + c,
+                     "accept_length": 2.5 if spec else math.nan,
+                     "spec_step_fraction": {"none": 0.0, "never": 0.0, "always": 1.0}.get(policy[arm], 1.0 / c),
+                     "switches": 0}))
+    return pd.DataFrame(rows)
+
+
+def _levels(**kw):
+    return report.level_table(_rows(**kw))
+
+
+def test_crossover_interpolates_on_log_concurrency():
+    # speedup 1.1 at C=4 and 0.7 at C=16: a quarter of the way in log C, C = 4 * 4**0.25.
+    t = {"baseline": {1: 100.0, 4: 100.0, 16: 100.0}, "eagle3": {1: 130.0, 4: 110.0, 16: 70.0}}
+    x = report.crossover(_levels(throughput=t))
+    assert x.status == "crosses"
+    assert x.between == (4, 16)
+    assert x.concurrency == pytest.approx(4 * 4 ** 0.25)
+    assert "C=5.7 (between C=4 and C=16)" in x.describe()
+
+
+def test_crossover_never_and_always_pays():
+    seed_like = {"baseline": {1: 92.6, 30: 711.0, 70: 780.0}, "eagle3": {1: 77.5, 30: 299.5, 70: 340.0}}
+    assert report.crossover(_levels(throughput=seed_like)).status == "never-pays"
+    wins = {"baseline": {1: 90.0, 30: 700.0}, "eagle3": {1: 100.0, 30: 701.0}}
+    assert report.crossover(_levels(throughput=wins)).status == "always-pays"
+    only_base = {"baseline": {1: 90.0}}
+    assert report.crossover(_levels(throughput=only_base, policy={"baseline": "never"})).status == "unknown"
+
+
+def test_roles_follow_policy_not_names():
+    t = {"plain": {1: 100.0, 8: 500.0}, "spec": {1: 150.0, 8: 400.0}}
+    levels = _levels(throughput=t, policy={"plain": "never", "spec": "always"})
+    assert report.roles(levels) == ("plain", "spec")
+    sp = report.speedup_table(levels).set_index(["arm", "concurrency"])["speedup"]
+    assert sp[("spec", 1)] == pytest.approx(1.5)
+    assert sp[("spec", 8)] == pytest.approx(0.8)
+
+
+def test_level_table_averages_repeats_and_drops_failed_ones():
+    df = _rows(repeats=2)
+    # Second repeat of baseline C=16 measured 1200; a third one failed outright.
+    df.loc[(df["arm"] == "baseline") & (df["concurrency"] == 16) & (df["repeat"] == 1), "output_throughput"] = 1200.0
+    failed = make_row({"run_id": "r1", "arm": "baseline", "policy": "never", "backend": "sim", "profile": "p",
+                       "concurrency": 16, "repeat": 2},
+                      {"completed": 0, "failed": 50, "output_throughput": math.nan, "error": "server died"})
+    df = pd.concat([df, pd.DataFrame([failed])], ignore_index=True)
+    lv = report.level_table(df).set_index(["arm", "concurrency"])
+    assert lv.loc[("baseline", 16), "output_throughput"] == pytest.approx(1100.0)
+    assert lv.loc[("baseline", 16), "repeats"] == 3
+    assert lv.loc[("baseline", 16), "failed_repeats"] == 1
+    assert lv.loc[("eagle3", 16), "failed_repeats"] == 0
+    fl = report.failed_levels(df)
+    assert fl["error"].tolist() == ["server died"]
+
+
+def test_envelope_is_the_better_static_arm_and_policies_are_judged_against_it():
+    lv = _levels()
+    env = report.envelope_table(lv).set_index(["arm", "concurrency"])
+    assert env.loc[("dynamic", 1), "envelope"] == 150.0  # eagle3 wins at C=1
+    assert env.loc[("dynamic", 1), "envelope_arm"] == "eagle3"
+    assert env.loc[("dynamic", 64), "envelope"] == 1600.0  # baseline wins at C=64
+    assert env.loc[("dynamic", 64), "of_envelope"] == pytest.approx(1500 / 1600)
+    summ = report.envelope_summary(lv).set_index("arm")
+    dyn = [140 / 150, 400 / 420, 950 / 1000, 1500 / 1600]
+    assert summ.loc["dynamic", "mean_of_envelope"] == pytest.approx(sum(dyn) / 4)
+    assert summ.loc["dynamic", "worst_of_envelope"] == pytest.approx(min(dyn))
+    assert summ.loc["dynamic", "worst_at_concurrency"] == 1
+    assert summ.loc["eagle3", "worst_at_concurrency"] == 64
+    assert summ.loc["eagle3", "worst_of_envelope"] == pytest.approx(700 / 1600)
+
+
+def test_envelope_needs_both_static_arms():
+    with pytest.raises(report.ReportError, match="eagle3"):
+        report.envelope_table(_levels(throughput={"baseline": {1: 1.0, 2: 2.0}}, policy={"baseline": "never"}))
+
+
+def test_shipped_reference_holds_the_seed_numbers():
+    ref = report.load_reference()
+    got = {(r.arm, r.concurrency): (r.output_throughput, r.approximate) for r in ref.itertuples()}
+    assert got == {
+        ("baseline", 1): (92.6, False), ("baseline", 30): (711.0, False), ("baseline", 70): (780.0, True),
+        ("eagle3", 1): (77.5, False), ("eagle3", 30): (299.5, False), ("eagle3", 70): (340.0, True),
+    }
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("arm,concurrency,output_throughput\nbaseline,1,9\n", "missing reference columns: approximate, level, source"),
+    ("arm,concurrency,output_throughput,approximate,level,source\nbaseline,1,-3,false,C=1,x\n", "positive"),
+    ("arm,concurrency,output_throughput,approximate,level,source\nbaseline,one,3,false,C=1,x\n", "positive"),
+])
+def test_bad_reference_is_refused_in_one_line(tmp_path, text, complaint):
+    p = tmp_path / "ref.csv"
+    p.write_text(text)
+    with pytest.raises(report.ReportError) as exc:
+        report.load_reference(p)
+    assert complaint in str(exc.value) and str(p) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_reference_comparison_interpolates_inside_the_range_only():
+    t = {"baseline": {1: 100.0, 10: 1000.0}, "eagle3": {1: 50.0, 100: 500.0}}
+    cmp = report.reference_comparison(_levels(throughput=t), report.load_reference()).set_index(["arm", "concurrency"])
+    # baseline: C=30 lies beyond the run's last level (10) -> left empty, not extrapolated.
+    assert cmp.loc[("baseline", 1), "run_output_throughput"] == pytest.approx(100.0)
+    assert math.isnan(cmp.loc[("baseline", 30), "run_output_throughput"])
+    # eagle3: C=30 between 1 and 100, linear in log C: 50 + 450 * log(30)/log(100).
+    want = 50 + 450 * math.log(30) / math.log(100)
+    assert cmp.loc[("eagle3", 30), "run_output_throughput"] == pytest.approx(want)
+    assert cmp.loc[("eagle3", 30), "run_over_seed"] == pytest.approx(want / 299.5)
+    assert bool(cmp.loc[("eagle3", 70), "approximate"]) is True
+
+
+def _write_run(tmp_path, df, meta=None, name="r1"):
+    d = tmp_path / name
+    write_table(df.to_dict("records"), d / "results.csv")
+    (d / "run.json").write_text(json.dumps(meta or {"run_id": name, "backend": "sim", "hardware": "8x RTX PRO 6000"}))
+    (d / "config.yaml").write_text("name: tiny\nprofile: seed-blackwell\n")
+    return d
+
+
+def test_load_run_and_headline(tmp_path):
+    run = report.load_run(_write_run(tmp_path, _rows()))
+    assert run.backend == "sim" and run.profile == "seed-blackwell" and run.config_name == "tiny"
+    h = report.headline(run)
+    assert h["baseline_peak"] == {"output_throughput": 1600.0, "concurrency": 64}
+    assert h["eagle3_peak"] == {"output_throughput": 800.0, "concurrency": 16}
+    assert h["crossover"]["status"] == "crosses"
+    assert h["best_policy"]["arm"] == "dynamic"
+    assert h["levels"] == [1, 4, 16, 64]
+    json.dumps(h)  # the index stores it as JSON
+
+
+def test_load_run_errors_name_the_problem(tmp_path):
+    with pytest.raises(report.ReportError, match="no such run folder"):
+        report.load_run(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(report.ReportError, match="no results.csv"):
+        report.load_run(tmp_path / "empty")
+    d = _write_run(tmp_path, _rows().iloc[0:0], name="norows")
+    with pytest.raises(report.ReportError, match="no rows yet"):
+        report.load_run(d)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(report.ReportError, match="missing result columns"):
+        report.load_run(tmp_path / "bad")
+
+
+def test_latest_run_is_the_most_recently_written(tmp_path):
+    import os
+
+    a = _write_run(tmp_path, _rows(), name="a")
+    b = _write_run(tmp_path, _rows(), name="b")
+    os.utime(b / "results.csv", (1, 1))  # b is older
+    (tmp_path / "no-results").mkdir()
+    assert report.latest_run(tmp_path) == a
+    assert report.latest_run(tmp_path / "missing") is None
+
+
+def test_banner_says_simulated_from_which_profile(tmp_path):
+    sim = report.load_run(_write_run(tmp_path, _rows(), name="s"))
+    assert report.banner(sim).startswith("Simulated") and "seed-blackwell" in report.banner(sim)
+    emu = report.load_run(_write_run(tmp_path, _rows(backend="emulate"), name="e"))
+    assert report.banner(emu).startswith("Emulated") and "seed-blackwell" in report.banner(emu)
+    live = report.load_run(_write_run(tmp_path, _rows(backend="live"), name="l"))
+    assert report.banner(live).startswith("Measured live on 8x RTX PRO 6000")
+
+
+def test_throughput_figure_has_log_x_every_arm_and_the_seed_labelled():
+    fig = report.throughput_figure(_levels(), report.load_reference())
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    for arm in THROUGHPUT:
+        assert arm in labels
+    assert f"baseline ({report.SEED_LABEL})" in labels and f"eagle3 ({report.SEED_LABEL})" in labels
+    seed_line = next(l for l in ax.get_lines() if l.get_label() == f"eagle3 ({report.SEED_LABEL})")
+    assert list(seed_line.get_ydata()) == [77.5, 299.5, 340.0]
+
+
+def test_other_figures_plot_the_computed_tables():
+    import matplotlib.pyplot as plt
+
+    lv = _levels()
+    sp = report.speedup_figure(lv)
+    ax = sp.axes[0]
+    assert ax.get_xscale() == "log"
+    ys = {tuple(l.get_ydata()) for l in ax.get_lines()}
+    assert (1.5, 1.2, 0.8, 700 / 1600) in ys  # eagle3's speedups
+    assert (1.0, 1.0) in ys  # the break-even line
+    env = report.envelope_figure(lv)
+    assert len(env.axes) == 2 and all(a.get_xscale() == "log" for a in env.axes)
+    lat = report.latency_figure(lv)
+    assert [a.get_yscale() for a in lat.axes] == ["log", "log"]
+    spec = report.speculation_figure(lv)
+    frac_lines = {tuple(l.get_ydata()) for l in spec.axes[1].get_lines()}
+    assert (0.0, 0.0, 0.0, 0.0) in frac_lines and (1.0, 1.0, 1.0, 1.0) in frac_lines
+    plt.close("all")
+
+
+def test_several_always_speculating_arms_share_one_envelope():
+    # The seed's live config: EAGLE-3 on the v1 and on the v2 worker, a policy on v2.
+    t = {"baseline": {1: 100.0, 16: 1000.0}, "eagle3-v1": {1: 160.0, 16: 500.0},
+         "eagle3-v2": {1: 130.0, 16: 600.0}, "dynspec": {1: 128.0, 16: 990.0}}
+    pol = {"baseline": "none", "eagle3-v1": "always", "eagle3-v2": "always", "dynspec": "goodput"}
+    lv = _levels(throughput=t, policy=pol)
+    assert report.static_arms(lv) == (["baseline"], ["eagle3-v1", "eagle3-v2"])
+    assert report.roles(lv) == ("baseline", "eagle3-v1")
+    env = report.envelope_table(lv).set_index(["arm", "concurrency"])
+    assert env.loc[("dynspec", 1), "envelope"] == 160.0 and env.loc[("dynspec", 1), "envelope_arm"] == "eagle3-v1"
+    assert env.loc[("dynspec", 16), "envelope"] == 1000.0
+    assert report.arm_order(lv) == ["baseline", "eagle3-v1", "eagle3-v2", "dynspec"]
+    text = report.findings(lv)
+    assert "`eagle3-v1` vs baseline:** 1.60x at C=1" in text and "`eagle3-v2` vs baseline:** 1.30x" in text
+    assert "Policy `dynspec`:** 89.5% of the envelope on average" in text  # (128/160 + 990/1000) / 2
+
+
+def test_a_results_file_written_row_by_row_reads_back_numeric(tmp_path):
+    # The sweep writes with ResultsWriter (csv module: NaN as "nan"); the report needs numbers.
+    from dynspec.results import ResultsWriter
+
+    d = tmp_path / "r"
+    w = ResultsWriter(d / "results.csv")
+    for row in _rows().to_dict("records"):
+        w.append(row)
+    run = report.load_run(d)
+    assert run.results["accept_length"].dtype.kind == "f"
+    lv = report.level_table(run.results).set_index(["arm", "concurrency"])
+    assert math.isnan(lv.loc[("baseline", 1), "accept_length"]) and lv.loc[("eagle3", 1), "accept_length"] == 2.5
+
+
+def test_findings_name_failures_and_failed_rows_stay_out_of_the_means():
+    df = _rows()
+    df.loc[(df["arm"] == "eagle3") & (df["concurrency"] == 64), ["error", "completed"]] = ["timeout", 0]
+    lv = report.level_table(df)
+    assert "1 measurement(s) failed" in report.findings(lv)
+    row = lv.set_index(["arm", "concurrency"]).loc[("eagle3", 64)]
+    assert math.isnan(row["output_throughput"]) and row["failed_repeats"] == 1
+    # With eagle3 missing at C=64 there is no envelope there, rather than a smaller one.
+    env = report.envelope_table(lv)
+    assert env.loc[env["concurrency"] == 64, "envelope"].isna().all()
+
+
+def test_environment_tables_say_plainly_when_there_is_no_gpu():
+    env = {"host": "h", "python": "3.11", "gpu": {"available": False, "note": "no GPU: nvidia-smi not found"},
+           "packages": {"torch": "2.9.1", "sglang": None}}
+    machine, packages, topo = report.environment_tables(env)
+    assert dict(zip(machine["item"], machine["value"]))["GPUs"] == "no GPU: nvidia-smi not found"
+    assert dict(zip(packages["package"], packages["version"])) == {"torch": "2.9.1", "sglang": "not installed"}
+    assert topo == "no GPU: nvidia-smi not found"
+    # As nvidia-smi topo -m printed it on an H200 node: the header row underlined with ANSI codes.
+    topo_raw = "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\nGPU0\t X \t0-15\t0\t\tN/A\n"
+    gpu = {"available": True, "count": 8, "gpus": [{"name": "RTX PRO 6000"}] * 8, "driver": "580",
+           "cuda_driver_version": "13.0", "topology": topo_raw}
+    machine, _, topo = report.environment_tables({"gpu": gpu})
+    assert dict(zip(machine["item"], machine["value"]))["GPUs"] == "8 x RTX PRO 6000"
+    assert topo == "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-15\t0\t\tN/A\n"
+
+
+def test_patch_table_counts_each_files_changes():
+    from dynspec.patching import FilePatch, Hunk, PatchSet
+
+    h = Hunk(1, 2, 1, 3, [(" ", "a\n"), ("-", "b\n"), ("+", "c\n"), ("+", "d\n")])
+    ps = PatchSet("0.5.9", Path("."), [("0001-x.patch", [FilePatch("sglang/x.py", [h, h])])], {})
+    t = report.patch_table(ps)
+    assert t.to_dict("records") == [{"patch": "0001-x.patch", "file": "sglang/x.py", "hunks": 2, "added": 4,
+                                     "removed": 2}]
+
+
+def test_compared_runs_are_told_apart_by_line_style():
+    both = pd.concat([_rows(run_id="sim"), _rows(run_id="live", backend="live")], ignore_index=True)
+    both.loc[(both["run_id"] == "live") & (both["arm"] == "baseline"), "output_throughput"] *= 0.5
+    lv = report.level_table(both)
+    ax = report.throughput_figure(lv).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "sim" in labels and "live" in labels
+    ys = {tuple(l.get_ydata()) for l in ax.get_lines()}
+    assert (100.0, 350.0, 1000.0, 1600.0) in ys and (50.0, 175.0, 500.0, 800.0) in ys
+    # Speedups are against each run's own baseline.
+    sp = report.speedup_table(lv).set_index(["run_id", "arm", "concurrency"])["speedup"]
+    assert sp[("sim", "eagle3", 1)] == pytest.approx(1.5) and sp[("live", "eagle3", 1)] == pytest.approx(3.0)

@@ -1,0 +1,299 @@
+"""`dynspec sweep` end to end: emulated arms started by the orchestration code as real
+subprocesses on loopback, failures injected by killing and interrupting real processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynspec.config import ConfigError, load_config, parse_config
+from dynspec.results import RESULT_COLUMNS, read_table
+from dynspec.sweep import SweepError, level_seed, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+CI_TINY = ROOT / "configs" / "ci-tiny.yaml"
+
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    with (run_dir / "results.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def by_key(rows):
+    return {(r["arm"], int(r["concurrency"]), int(r["repeat"])): r for r in rows}
+
+
+def cfg_file(tmp_path: Path, **changes) -> Path:
+    data = yaml.safe_load(CI_TINY.read_text())
+    data.update(changes)
+    p = tmp_path / "cfg.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def cli(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dynspec", "sweep", *args], capture_output=True, text=True,
+                          timeout=kw.pop("timeout", 180), cwd=ROOT, **kw)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def test_full_two_arm_sweep_with_emulated_servers(tmp_path):
+    runs = tmp_path / "runs"
+    p = cli("--config", str(CI_TINY), "--run-id", "tiny", "--runs-dir", str(runs), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    run = runs / "tiny"
+    assert p.stdout.strip() == f"{run}: 4 rows, complete"
+
+    # The layout the pipeline reads.
+    for rel in ("config.yaml", "run.json", "environment.json", "results.csv", "sweep.log", "logs/baseline.log",
+                "logs/eagle3.log"):
+        assert (run / rel).is_file(), rel
+    assert load_config(run / "config.yaml") == load_config(CI_TINY)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "complete" and info["backend"] == "emulate" and info["profile"] == "seed-blackwell"
+    assert set(info["servers"]) == {"baseline", "eagle3"}
+    assert all(s["exit_code"] is not None and not alive(s["pid"]) for s in info["servers"].values())
+    env = json.loads((run / "environment.json").read_text())
+    assert "gpu" in env and "packages" in env
+    if not env["gpu"]["available"]:
+        assert env["gpu"]["note"].startswith("no GPU")
+
+    df = read_table(run / "results.csv")
+    assert list(df.columns) == RESULT_COLUMNS
+    assert sorted(zip(df.arm, df.concurrency)) == [("baseline", 1), ("baseline", 4), ("eagle3", 1), ("eagle3", 4)]
+    assert (df.completed == 8).all() and (df.failed == 0).all() and (df.error == "").all()
+    assert (df.total_output_tokens == 8 * 16).all() and (df.total_input_tokens == 8 * 64).all()
+    assert (df.output_throughput > 0).all() and (df.run_id == "tiny").all() and (df.backend == "emulate").all()
+    base, eagle = df[df.arm == "baseline"], df[df.arm == "eagle3"]
+    assert set(base.policy) == {"none"} and set(eagle.policy) == {"always"}
+    # Counters scraped around each level: the eagle3 emulator speculates every step, baseline never.
+    assert (eagle.spec_step_fraction == 1.0).all() and (base.spec_step_fraction == 0.0).all()
+    assert (eagle.accept_length > 1.0).all() and base.accept_length.isna().all()
+    for arm, c in zip(df.arm, df.concurrency):
+        lines = (run / "requests" / f"{arm}_c{c}_r0.jsonl").read_text().splitlines()
+        assert len(lines) == 8 and json.loads(lines[0])["output_tokens"] == 16
+        scrape = json.loads((run / "scrapes" / f"{arm}_c{c}_r0.json").read_text())
+        assert scrape["accept_counters_reset"] is True and scrape["after"]["server_info"]["dynspec"]
+    assert "dynspec emulate" in (run / "logs" / "eagle3.log").read_text() or \
+        "emulate" in (run / "logs" / "eagle3.log").read_text()
+
+    # The same run again without --resume is refused; with --resume there is nothing to do.
+    p = cli("--config", str(CI_TINY), "--run-id", "tiny", "--runs-dir", str(runs), "--no-progress")
+    assert p.returncode == 2 and "run folder exists; pass --resume" in p.stderr
+    before = (run / "results.csv").read_bytes()
+    p = cli("--config", str(CI_TINY), "--run-id", "tiny", "--runs-dir", str(runs), "--no-progress", "--resume")
+    assert p.returncode == 0, p.stderr
+    assert (run / "results.csv").read_bytes() == before
+
+
+def test_server_killed_mid_level_keeps_measured_rows_and_moves_on(tmp_path):
+    cfg = load_config(cfg_file(tmp_path, num_prompts=24, output_len=64, emulate={"time_scale": 10.0},
+                               arms=[{"name": "victim", "sim_arm": "baseline"},
+                                     {"name": "next", "sim_arm": "baseline"}]))
+    runs = tmp_path / "runs"
+    run = runs / "kill"
+    killed = {}
+
+    def killer():
+        # Once the first level's row is on disk and the server holds the second level's
+        # requests (it says so on /metrics), kill it: mid-level, for sure.
+        from dynspec.servers import parse_prometheus
+
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            time.sleep(0.02)
+            if not ((run / "results.csv").exists() and len(rows_of(run)) >= 1):
+                continue
+            server = json.loads((run / "run.json").read_text())["servers"]["victim"]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{server['port']}/metrics", timeout=2) as r:
+                    running = parse_prometheus(r.read().decode())["sglang:num_running_reqs"]
+            except OSError:
+                continue
+            if running >= 3:
+                os.kill(server["pid"], signal.SIGKILL)
+                killed["pid"] = server["pid"]
+                return
+
+    t = threading.Thread(target=killer)
+    t.start()
+    result = run_sweep(cfg, run_id="kill", runs_dir=runs, progress=False)
+    t.join()
+    assert killed, "the killer never fired"
+    assert result.failed and result.rows == 4
+    rows = by_key(rows_of(run))
+    first, second = rows[("victim", 1, 0)], rows[("victim", 4, 0)]
+    assert first["error"] == "" and int(first["completed"]) == 24  # measured before the kill: kept
+    assert "server exited with code -9" in second["error"]
+    assert int(second["completed"]) < 24
+    assert all(rows[("next", c, 0)]["error"] == "" and int(rows[("next", c, 0)]["completed"]) == 24 for c in (1, 4))
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["servers"]["victim"]["exit_code"] == -9
+    assert "ERROR victim_c4_r0: server exited with code -9" in (run / "sweep.log").read_text()
+
+    # --resume measures the failed level again; the failed row is kept in failures.csv.
+    result = run_sweep(cfg, run_id="kill", runs_dir=runs, progress=False, resume=True)
+    assert not result.failed and result.rows == 4
+    rows2 = by_key(rows_of(run))
+    assert rows2[("victim", 1, 0)] == first
+    assert rows2[("victim", 4, 0)]["error"] == "" and int(rows2[("victim", 4, 0)]["completed"]) == 24
+    with (run / "failures.csv").open(newline="") as f:
+        failures = list(csv.DictReader(f))
+    assert [(r["arm"], r["concurrency"]) for r in failures] == [("victim", "4")]
+    assert failures[0]["error"] == second["error"]
+    assert (run / "requests" / "victim_c4_r0.attempt1.jsonl").exists()
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
+def test_resume_after_interruption(tmp_path):
+    cfg = cfg_file(tmp_path, num_prompts=16, output_len=32, emulate={"time_scale": 10.0})
+    runs = tmp_path / "runs"
+    run = runs / "intr"
+    proc = subprocess.Popen([sys.executable, "-m", "dynspec", "sweep", "--config", str(cfg), "--run-id", "intr",
+                             "--runs-dir", str(runs), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not ((run / "results.csv").exists() and len(rows_of(run)) >= 1):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C mid-sweep
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted; continue with --resume" in err
+    kept = rows_of(run)
+    assert 1 <= len(kept) < 4 and all(r["error"] == "" for r in kept)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted"
+    assert not any(alive(s["pid"]) for s in info["servers"].values() if "pid" in s), "a server outlived the sweep"
+
+    # Resume with a config that changes what rows mean: refused, naming the key.
+    data = yaml.safe_load(Path(cfg).read_text())
+    data["output_len"] = 24
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    p = cli("--config", str(bad), "--run-id", "intr", "--runs-dir", str(runs), "--resume", "--no-progress")
+    assert p.returncode == 2 and "config changed what the measured rows mean (output_len)" in p.stderr
+
+    p = cli("--config", str(cfg), "--run-id", "intr", "--runs-dir", str(runs), "--resume", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    rows = rows_of(run)
+    assert len(rows) == 4 and all(r["error"] == "" for r in rows)
+    assert rows[: len(kept)] == kept  # what was measured before the interruption is untouched
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "complete" and [s["status"] for s in info["sessions"]] == ["interrupted", "complete"]
+    assert (run / "environment.json").is_file() and (run / "environment.session2.json").is_file()
+
+
+def test_live_backend_server_that_never_gets_healthy_and_a_level_timeout(tmp_path):
+    # The live path with real command lines: one arm's server dies at start, one is an emulator
+    # started from its launch line, one is so slow that its level times out.
+    emu = (f"{sys.executable} -m dynspec emulate --profile seed-blackwell --arm baseline --host {{host}} "
+           f"--port {{port}} --time-scale {{ts}}")
+    data = yaml.safe_load(CI_TINY.read_text())
+    data.update(backend="live", model="/models/target", concurrency=[1, 4], num_prompts=6, warmup_requests=0,
+                timeouts={"startup_s": 30, "level_s": 1.5, "request_s": 30, "shutdown_grace_s": 5},
+                arms=[{"name": "broken", "launch": f"{sys.executable} -c 'raise SystemExit(4)' --port {{port}}"},
+                      {"name": "slow", "launch": emu.replace("{ts}", "0.05")},
+                      {"name": "ok", "launch": emu.replace("{ts}", "20"), "api": "openai"}])
+    cfg = parse_config(data)
+    res = run_sweep(cfg, run_id="live", runs_dir=tmp_path, progress=False)
+    assert res.failed and res.rows == 6
+    rows = by_key(rows_of(tmp_path / "live"))
+    for c in (1, 4):
+        assert rows[("broken", c, 0)]["error"].startswith("server not started: arm broken: server exited with "
+                                                          "code 4 before becoming healthy")
+        assert rows[("broken", c, 0)]["completed"] == "0"
+        assert rows[("slow", c, 0)]["error"].startswith("level timed out after 1.5s")
+        assert rows[("ok", c, 0)]["error"] == "" and rows[("ok", c, 0)]["completed"] == "6"
+        assert rows[("ok", c, 0)]["backend"] == "live" and rows[("ok", c, 0)]["policy"] == "none"
+    log = (tmp_path / "live" / "logs" / "ok.log").read_text()
+    assert "--port" in log and "/models/target" not in log
+
+
+def test_sim_backend_writes_the_same_run_folder(tmp_path):
+    from dynspec.profile import load_profile
+    from dynspec.sim import simulate_level
+
+    cfg = load_config(CI_TINY)
+    res = run_sweep(cfg, backend="sim", run_id="s", runs_dir=tmp_path, progress=False)
+    assert not res.failed and res.rows == 4
+    df = read_table(tmp_path / "s" / "results.csv")
+    assert set(df.backend) == {"sim"} and (df.error == "").all()
+    want, _ = simulate_level(load_profile("seed-blackwell"), "eagle3", 4, num_prompts=8, input_len=64,
+                             output_len=16, seed=level_seed(0, 4, 0))
+    got = df[(df.arm == "eagle3") & (df.concurrency == 4)].iloc[0]
+    assert math.isclose(got.output_throughput, want["output_throughput"], rel_tol=1e-9)
+    assert (tmp_path / "s" / "requests" / "eagle3_c4_r0.jsonl").is_file()
+    assert json.loads((tmp_path / "s" / "run.json").read_text())["backend"] == "sim"
+
+
+def test_sweep_refuses_what_it_cannot_run(tmp_path):
+    seed = ROOT / "configs" / "seed-blackwell.yaml"
+    p = cli("--config", str(seed), "--runs-dir", str(tmp_path), "--no-progress")
+    assert p.returncode == 2
+    assert p.stderr.strip() == f"dynspec sweep: {seed}: model: fill in the target model's path (got '/path/to/target-model')"
+    assert not any(tmp_path.iterdir()), "a refused sweep must leave nothing behind"
+    p = cli("--config", str(tmp_path / "missing.yaml"))
+    assert p.returncode == 2 and "missing.yaml: no such config file" in p.stderr
+    with pytest.raises(SweepError, match="--resume needs the --run-id"):
+        run_sweep(load_config(CI_TINY), resume=True, runs_dir=tmp_path)
+    with pytest.raises(SweepError, match="nothing to resume"):
+        run_sweep(load_config(CI_TINY), resume=True, run_id="nope", runs_dir=tmp_path)
+    with pytest.raises(SweepError, match="run id 'a/b'"):
+        run_sweep(load_config(CI_TINY), run_id="a/b", runs_dir=tmp_path)
+    with pytest.raises(ConfigError):
+        run_sweep(load_config(seed), backend="live", runs_dir=tmp_path)
+
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu*) printf '0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 580.95.05, 00000000:17:00.0\\n'
+                 printf '1, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 580.95.05, 00000000:18:00.0\\n' ;;
+  "topo -m") printf '\\tGPU0\\tGPU1\\nGPU0\\t X \\tNODE\\n' ;;
+  "") printf '| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |\\n' ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_environment_reads_nvidia_smi_and_says_no_gpu_plainly(tmp_path, monkeypatch):
+    from dynspec.environment import collect_environment, gpu_info
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
+    assert gpu_info() == {"available": False, "note": "no GPU: nvidia-smi not found on this machine"}
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    info = gpu_info()
+    assert info["available"] and info["count"] == 2 and info["driver"] == "580.95.05"
+    assert info["cuda_driver_version"] == "13.0" and info["gpus"][1]["pci_bus_id"] == "00000000:18:00.0"
+    assert info["gpus"][0]["name"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert "NODE" in info["topology"]
+    env = collect_environment(probe_torch=False)
+    assert env["packages"]["dynspec"] and env["gpu"]["count"] == 2 and env["torch_cuda"] is None
