@@ -1,35 +1,43 @@
-# Two commands do all set-up on a fresh machine: `make test` and `make report`.
+# Two commands do all set-up on a fresh machine: `make report` and `make test`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test venv clean report browser
+.PHONY: report test venv test-venv browser clean
 
-$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/bench-serving.txt
+# What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
+$(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[notebooks]'
+	$(PY) -m ipykernel install --prefix $(VENV) --name dynspec --display-name 'Python (dynspec)' >/dev/null
+	touch $@
+
+# What `make test` adds: the test tools, and the packages the tests import SGLang with on
+# CPU (0.5.9 and its sglang.bench_serving; SGLang itself is unpacked from its wheel by the tests).
+$(VENV)/.test-installed: $(VENV)/.installed requirements/sglang-cpu.txt requirements/bench-serving.txt
 	$(PIP) install --quiet -e '.[dev,notebooks]'
 	$(PIP) install --quiet -r requirements/sglang-cpu.txt
 	$(PIP) install --quiet -r requirements/bench-serving.txt
-	$(PY) -m ipykernel install --prefix $(VENV) --name dynspec --display-name 'Python (dynspec)' >/dev/null
 	touch $@
 
 # SGLang 0.5.23 needs transformers 5 (0.5.9: 4.57): its extra packages get their own folder,
 # put on PYTHONPATH only by the subprocess of tests/test_patch_0523.py.
 SGLANG_0523_DEPS := $(VENV)/sglang-0.5.23-deps
-$(SGLANG_0523_DEPS)/.installed: requirements/sglang-0.5.23-cpu.txt | $(VENV)/.installed
+$(SGLANG_0523_DEPS)/.installed: requirements/sglang-0.5.23-cpu.txt | $(VENV)/.test-installed
 	rm -rf $(SGLANG_0523_DEPS)
 	$(PIP) install --quiet --no-deps --target $(SGLANG_0523_DEPS) -r requirements/sglang-0.5.23-cpu.txt
 	touch $@
 
-venv: $(VENV)/.installed $(SGLANG_0523_DEPS)/.installed
+venv: $(VENV)/.installed
+test-venv: $(VENV)/.test-installed $(SGLANG_0523_DEPS)/.installed
 
 # Debian's chromium for the report's browser test; apt runs only when it is missing.
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: venv browser
+test: test-venv browser
 	$(PY) -m pytest
 
 # The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.

@@ -339,3 +339,44 @@ def test_connections_are_reused_across_requests():
 def test_only_plain_http_urls():
     with pytest.raises(ValueError, match="only plain http://host:port"):
         StreamClient("https://example.invalid:443")
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_retried_once():
+    # Each connection answers one request, then reads the next and closes without a word
+    # (a keep-alive timeout racing the reuse): the client must resend on a fresh connection.
+    served, dropped = [], []
+
+    async def read_request(reader):
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+        await reader.readexactly(n)
+
+    async def handle(reader, writer):
+        await read_request(reader)
+        served.append(1)
+        event = b'data: {"text":"x","meta_info":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(event), event))
+        await writer.drain()
+        try:
+            await read_request(reader)
+            dropped.append(1)
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamClient(f"http://127.0.0.1:{port}")
+        got = []
+        try:
+            for _ in range(3):
+                status, _ = await client.post("/generate", b"{}", lambda d, t: got.append(d), timeout=5)
+                assert status == 200
+        finally:
+            client.close()
+            server.close()
+        return got
+
+    got = asyncio.run(go())
+    assert len(served) == 3 and len(dropped) == 2 and len(got) == 3

@@ -158,6 +158,7 @@ def test_a_failing_notebook_stops_the_pipeline_and_stays_for_inspection(tmp_path
     (["--config", "{tiny}", "--run-id", "x", "--resume", "--overwrite"], "give one of them"),
     (["--config", "{tiny}", "--run-id", "x", "--resume"], "nothing to resume"),
     (["--config", "{tiny}", "--reference", "no/ref.csv"], "no such reference table"),
+    (["--config", "{tiny}", "--cell-timeout", "0"], "cell_timeout_s: Input should be greater than 0"),
     (["--config", "{tiny}", "--compare", "no/run"], "not a run folder"),
     (["--config", "{tiny}", "--notebooks-dir", "{tmp}"], "missing notebooks 00_environment.ipynb"),
     (["--config", "{live}", "--backend", "live"], "model: fill in the target model's path"),

@@ -181,30 +181,40 @@ class StreamClient:
         self.prefix = u.path.rstrip("/")
         self._idle: list[_Response] = []
 
-    async def _connect(self) -> _Response:
-        while self._idle:
+    async def _connect(self, reuse: bool = True) -> tuple[_Response, bool]:
+        while reuse and self._idle:
             conn = self._idle.pop()
             if not conn.closed:
-                return conn
+                return conn, True
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Response(loop), self.host, self.port)
-        return conn
+        return conn, False
 
     async def post(self, path: str, body: bytes, on_body: BodyHandler,
                    timeout: float | None = None) -> tuple[int, bytes]:
         """Send one request; returns (status, body of a non-2xx response).  Raises HTTPStreamError,
         OSError (cannot connect) or asyncio.TimeoutError."""
-        conn = await self._connect()
-        done = conn.start(on_body)
-        conn.transport.write(
-            b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % ((self.prefix + path).encode(), self.host.encode(), self.port,
-                                              len(body), body))
-        try:
-            status = await asyncio.wait_for(done, timeout)
-        except BaseException:
-            conn.transport.abort()  # timed out, cancelled or broken: this connection is done for
-            raise
+        request = (b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                   b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                   % ((self.prefix + path).encode(), self.host.encode(), self.port, len(body), body))
+        conn, reused = await self._connect()
+        while True:
+            done = conn.start(on_body)
+            conn.transport.write(request)
+            try:
+                status = await asyncio.wait_for(done, timeout)
+                break
+            except HTTPStreamError:
+                conn.transport.abort()
+                # A kept-alive connection the server closed just as we reused it: nothing was
+                # answered, so send again once on a fresh connection.
+                if reused and conn.state == "head" and not conn.buf:
+                    conn, reused = await self._connect(reuse=False)
+                    continue
+                raise
+            except BaseException:
+                conn.transport.abort()  # timed out or cancelled: this connection is done for
+                raise
         if conn.keep_alive and not conn.closed:
             self._idle.append(conn)
         else:

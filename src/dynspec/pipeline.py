@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
@@ -132,10 +132,14 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
     if cell_timeout_s is None:
         # A live sweep runs in one cell: every level of every arm, servers started and stopped.
         cell_timeout_s = 600.0 if backend == "sim" else 7 * 24 * 3600.0
-    pc = PipelineConfig(config=_abs(config), backend=backend, run_id=run_id, resume=resume, overwrite=overwrite,
-                        runs_dir=_abs(runs_dir), reports_dir=_abs(reports_dir), notebooks_dir=nb_dir,
-                        reference=ref, compare_runs=others, kernel=kernel, cell_timeout_s=cell_timeout_s,
-                        apply_patch=apply_patch, patch_dry_run=patch_dry_run, sglang_path=sglang_path)
+    try:
+        pc = PipelineConfig(config=_abs(config), backend=backend, run_id=run_id, resume=resume, overwrite=overwrite,
+                            runs_dir=_abs(runs_dir), reports_dir=_abs(reports_dir), notebooks_dir=nb_dir,
+                            reference=ref, compare_runs=others, kernel=kernel, cell_timeout_s=cell_timeout_s,
+                            apply_patch=apply_patch, patch_dry_run=patch_dry_run, sglang_path=sglang_path)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PipelineError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     run_exists = pc.run_dir.exists() and any(pc.run_dir.iterdir())
     if resume and not (pc.run_dir / "run.json").is_file():
         raise PipelineError(f"{pc.run_dir}: nothing to resume (no run.json there)")
