@@ -211,7 +211,7 @@ def test_worker_switches_states_through_the_controller(server):
     switches = [kw["speculative_num_steps"] for r, kw in w.ctx.overrides if r == "adaptive_spec.restore"]
     assert switches == [0, STEPS]
     stats = w.adaptive_controller.params.dynspec_stats()
-    assert (stats["steps"], stats["steps_speculated"], stats["steps_plain"], stats["switches"]) == (8, 5, 3, 2)
+    assert (stats["steps"], stats["steps_spec"], stats["steps_plain"], stats["switches"]) == (8, 5, 3, 2)
     assert stats["mean_accepted_when_speculating"] == 1.0  # plain steps' zeros are not acceptance
     assert stats["unmatched_results"] == 0
 

@@ -412,7 +412,7 @@ def test_switches_in_both_directions_keep_inputs_well_formed(sg, env):
             assert same(calls[0][1]["input_ids"], inp.verified_id.long())
             assert same(calls[0][1]["seq_lens"], inp.seq_lens + 1)
     st = w.dynspec.stats()
-    assert (st["steps_speculated"], st["steps_plain"], st["switches"]) == (3, 3, 4)
+    assert (st["steps_spec"], st["steps_plain"], st["switches"]) == (3, 3, 4)
 
 
 def test_grammar_batch_keeps_speculating(sg, env):
@@ -455,7 +455,7 @@ def test_server_info_reports_the_counters(sg, env):
     state = sg.sched.Scheduler.get_internal_state(fake, None).internal_state
     d = state["dynspec"]
     assert d["policy"] == "scripted" and d["mode"] == "plain"
-    assert (d["steps_speculated"], d["steps_plain"], d["switches"]) == (1, 2, 1)
+    assert (d["steps_spec"], d["steps_plain"], d["switches"]) == (1, 2, 1)
     assert d["last_switch"]["step"] == 2 and d["last_switch"]["to"] == "plain"
     fake.draft_worker = SimpleNamespace()  # a worker without dynspec: no key at all
     # (upstream builds the reply in the global ServerArgs' own __dict__: start from a fresh one)

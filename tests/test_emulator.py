@@ -83,7 +83,7 @@ def test_info_endpoints_answer_what_clients_read():
             # Before any speculative step SGLang leaves avg_spec_accept_length out.
             assert "avg_spec_accept_length" not in si["internal_states"][0]
             assert si["speculative_algorithm"] == "EAGLE3" and si["speculative_num_steps"] == 3
-            assert si["dynspec"] == {"policy": "always", "steps_spec": 0, "steps_plain": 0, "switches": 0,
+            assert si["internal_states"][0]["dynspec"] == {"policy": "always", "steps_spec": 0, "steps_plain": 0, "switches": 0,
                                      "mode": "plain"}
             async with s.post(url + "/generate", json={"input_ids": [1] * 10, "stream": False,
                                                        "sampling_params": {"max_new_tokens": 40}}) as r:
@@ -92,7 +92,7 @@ def test_info_endpoints_answer_what_clients_read():
                 si = await r.json()
             acc = si["internal_states"][0]["avg_spec_accept_length"]
             assert 1.0 < acc <= 4.0
-            assert si["dynspec"]["steps_spec"] > 0 and si["dynspec"]["mode"] == "spec"
+            assert si["internal_states"][0]["dynspec"]["steps_spec"] > 0 and si["internal_states"][0]["dynspec"]["mode"] == "spec"
             async with s.get(url + "/metrics") as r:
                 assert r.status == 200 and r.content_type == "text/plain"
                 m = parse_prometheus(await r.text())
@@ -100,7 +100,7 @@ def test_info_endpoints_answer_what_clients_read():
             assert m["sglang:prompt_tokens_total"] == 10
             assert m["sglang:num_requests_total"] == 1
             assert m["sglang:spec_accept_length"] == pytest.approx(acc)
-            assert m["dynspec_steps_speculative_total"] == si["dynspec"]["steps_spec"]
+            assert m["dynspec_steps_speculative_total"] == si["internal_states"][0]["dynspec"]["steps_spec"]
             assert m["dynspec_steps_plain_total"] == 0 and m["dynspec_mode"] == 1
             # sweep.servers resets the accept length between levels this way.
             async with s.post(url + "/set_internal_state",
@@ -125,7 +125,7 @@ def test_baseline_server_reports_no_speculation():
                 si = await r.json()
             assert si["speculative_algorithm"] is None
             assert "avg_spec_accept_length" not in si["internal_states"][0]
-            assert si["dynspec"]["policy"] == "none" and si["dynspec"]["steps_plain"] == 4
+            assert si["internal_states"][0]["dynspec"]["policy"] == "none" and si["internal_states"][0]["dynspec"]["steps_plain"] == 4
 
     run(go())
 
@@ -300,7 +300,7 @@ def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm():
 
         with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/get_server_info", timeout=10) as r:
             info = json.loads(r.read())
-        assert info["dynspec"]["policy"] == "goodput" and info["dynspec_emulator"]["time_scale"] == 1000
+        assert info["internal_states"][0]["dynspec"]["policy"] == "goodput" and info["dynspec_emulator"]["time_scale"] == 1000
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

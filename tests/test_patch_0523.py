@@ -72,7 +72,7 @@ def test_steps_follow_the_policy_and_only_two_states_exist():
     assert a.candidate_steps == [0, 5]
     assert [a.get_steps_for_batch(b) for b in (1, 4, 5, 64, 2)] == [5, 5, 0, 0, 5]
     st = a.dynspec_stats()
-    assert (st["steps"], st["steps_speculated"], st["steps_plain"], st["switches"]) == (5, 3, 2, 2)
+    assert (st["steps"], st["steps_spec"], st["steps_plain"], st["switches"]) == (5, 3, 2, 2)
 
 
 def test_every_graph_size_is_captured_for_both_states():

@@ -148,8 +148,9 @@ def test_level_counters_from_snapshots():
     def snap(spec, plain, sw, acc=None, via="info"):
         info = {"internal_states": [{"avg_spec_accept_length": acc}] if acc else [{}]}
         metrics = {}
-        if via == "info":
-            info["dynspec"] = {"policy": "goodput", "steps_spec": spec, "steps_plain": plain, "switches": sw}
+        if via == "info":  # where the patched SGLang reports them
+            info["internal_states"][0]["dynspec"] = {"policy": "goodput", "steps_spec": spec, "steps_plain": plain,
+                                                     "switches": sw}
         else:
             metrics = {"dynspec_steps_speculative_total": spec, "dynspec_steps_plain_total": plain,
                        "dynspec_switches_total": sw}
@@ -174,7 +175,7 @@ def test_emulator_as_an_arm_server(tmp_path):
         srv.wait_healthy()
         snap = srv.scrape()
         assert snap.error == "", snap.error
-        block = snap.server_info["dynspec"]
+        block = snap.server_info["internal_states"][0]["dynspec"]
         assert block["policy"].startswith("goodput") and block["mode"] in ("spec", "plain")
         assert snap.counter("steps_spec") == block["steps_spec"]
         assert "dynspec_steps_plain_total" in snap.metrics

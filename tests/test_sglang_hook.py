@@ -57,7 +57,7 @@ def test_counts_switches_and_logs_one_line_per_switch(caplog):
         got = [ctl.decide(bs) for bs in (1, 40, 41, 2, 3, 50)]
     assert got == [True, False, False, True, True, False]
     st = ctl.stats()
-    assert (st["steps"], st["steps_speculated"], st["steps_plain"], st["switches"], st["mode"]) == (6, 3, 3, 3, "plain")
+    assert (st["steps"], st["steps_spec"], st["steps_plain"], st["switches"], st["mode"]) == (6, 3, 3, 3, "plain")
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "dynspec: switch spec -> plain at step 2, batch size 40: because 40",
@@ -190,7 +190,7 @@ def test_prometheus_series():
     for b in (1, 2, 3, 4):
         ctl.decide(b)
     v = lambda name: reg.get_sample_value(name, {"model_name": "m"})  # noqa: E731
-    assert v("dynspec_steps_speculated_total") == 2
+    assert v("dynspec_steps_speculative_total") == 2
     assert v("dynspec_steps_plain_total") == 2
     assert v("dynspec_switches_total") == 2
-    assert v("dynspec_speculating") == 1
+    assert v("dynspec_mode") == 1

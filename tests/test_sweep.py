@@ -94,7 +94,7 @@ def test_full_two_arm_sweep_with_emulated_servers(tmp_path):
         lines = (run / "requests" / f"{arm}_c{c}_r0.jsonl").read_text().splitlines()
         assert len(lines) == 8 and json.loads(lines[0])["output_tokens"] == 16
         scrape = json.loads((run / "scrapes" / f"{arm}_c{c}_r0.json").read_text())
-        assert scrape["accept_counters_reset"] is True and scrape["after"]["server_info"]["dynspec"]
+        assert scrape["accept_counters_reset"] is True and scrape["after"]["server_info"]["internal_states"][0]["dynspec"]
     assert "dynspec emulate" in (run / "logs" / "eagle3.log").read_text() or \
         "emulate" in (run / "logs" / "eagle3.log").read_text()
 

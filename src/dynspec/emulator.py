@@ -342,6 +342,7 @@ class Emulator:
                     "effective_max_running_requests_per_dp": cfg.max_running_requests or 4096}
         if speculative and self.accept_length() is not None:
             internal["avg_spec_accept_length"] = self.accept_length()
+        internal["dynspec"] = self.dynspec_block()  # where the patched SGLang reports it
         return {
             "model_path": self.model_name, "tokenizer_path": self.model_name, "served_model_name": self.model_name,
             "host": cfg.host, "port": self.port, "context_length": cfg.context_length,
@@ -354,7 +355,6 @@ class Emulator:
             "speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0,
             "internal_states": [internal],
             "version": API_VERSION,
-            "dynspec": self.dynspec_block(),
             "dynspec_emulator": {**cfg.model_dump(), "profile_name": prof.name, "lag_s": self.lag_s,
                                  "steps_extrapolated": self.engine.stats.steps_extrapolated},
         }

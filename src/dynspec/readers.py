@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dynspec.results import make_row
+from dynspec.servers import dynspec_state
 
 
 class ReaderError(ValueError):
@@ -34,11 +35,11 @@ def _policy(server_info) -> str:
     """What the server ran, as far as its /get_server_info says."""
     if not isinstance(server_info, dict):
         return ""
+    block = dynspec_state(server_info)
+    if block and block.get("policy"):
+        return str(block["policy"])
     if isinstance(server_info.get("decode"), list) and server_info["decode"]:
         server_info = server_info["decode"][0]
-    block = server_info.get("dynspec")
-    if isinstance(block, dict) and block.get("policy"):
-        return str(block["policy"])
     if "speculative_algorithm" in server_info:
         return "always" if server_info.get("speculative_algorithm") else "none"
     return ""

@@ -89,6 +89,23 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def server_state(server_info: dict | None) -> dict:
+    """internal_states[0] of /get_server_info (the decode server's, when disaggregated)."""
+    info = server_info or {}
+    if isinstance(info.get("decode"), list) and info["decode"]:
+        info = info["decode"][0]  # as sglang.bench_serving reads it
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    return states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+
+def dynspec_state(server_info: dict | None) -> dict | None:
+    """The dynspec counters a patched SGLang (or the emulator) reports, None without dynspec.
+
+    Both put them where SGLang keeps per-scheduler state: internal_states[0]["dynspec"]."""
+    block = server_state(server_info).get("dynspec")
+    return block if isinstance(block, dict) else None
+
+
 @dataclass
 class Snapshot:
     """What the server said about itself at one moment."""
@@ -100,18 +117,13 @@ class Snapshot:
 
     @property
     def accept_length(self) -> float:
-        info = self.server_info or {}
-        if "decode" in info and isinstance(info["decode"], list) and info["decode"]:
-            info = info["decode"][0]  # disaggregated: the decode server's view, as bench_serving reads it
-        states = info.get("internal_states") or []
-        if states and isinstance(states[0], dict) and states[0].get("avg_spec_accept_length") is not None:
-            return float(states[0]["avg_spec_accept_length"])
-        return math.nan
+        value = server_state(self.server_info).get("avg_spec_accept_length")
+        return float(value) if value is not None else math.nan
 
     def counter(self, key: str) -> float:
         """A dynspec counter (steps_spec, steps_plain, switches): server info first, then /metrics."""
-        block = (self.server_info or {}).get("dynspec")
-        if isinstance(block, dict) and block.get(key) is not None:
+        block = dynspec_state(self.server_info)
+        if block is not None and block.get(key) is not None:
             return float(block[key])
         for metric, k in DYNSPEC_COUNTERS.items():
             if k == key and metric in self.metrics:

@@ -179,7 +179,7 @@ class Controller:
             "profile": self.profile_name,
             "mode": self.mode,
             "steps": self.step,
-            "steps_speculated": self.steps_spec,
+            "steps_spec": self.steps_spec,
             "steps_plain": self.steps_plain,
             "switches": self.switches,
             "forced_spec": self.forced_spec,
@@ -215,10 +215,10 @@ class _PromExporter:
         reg = REGISTRY if registry is None else registry
         names = sorted(labels)
         self.labels = labels
-        self.spec = Counter("dynspec_steps_speculated", "Decode steps that speculated", names, registry=reg)
+        self.spec = Counter("dynspec_steps_speculative", "Decode steps that speculated", names, registry=reg)
         self.plain = Counter("dynspec_steps_plain", "Decode steps decoded plainly", names, registry=reg)
         self.switches = Counter("dynspec_switches", "Speculate/plain mode switches", names, registry=reg)
-        self.mode = Gauge("dynspec_speculating", "1 while speculating, 0 while plain", names,
+        self.mode = Gauge("dynspec_mode", "1 while speculating, 0 while plain", names,
                           multiprocess_mode="mostrecent", registry=reg)
         self._switches_seen = 0
         self._c_spec = self.spec.labels(**labels) if names else self.spec

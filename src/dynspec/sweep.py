@@ -34,6 +34,7 @@ from pathlib import Path
 
 from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml
 from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, summarize
+from dynspec.servers import dynspec_state
 
 log = logging.getLogger("dynspec.sweep")
 
@@ -432,9 +433,8 @@ class _Sweep:
         write_requests(path, result.requests)
         _write_json(self.run.dir / "scrapes" / f"{name}.json",
                     {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset})
-        block = (after.server_info or {}).get("dynspec")
-        policy = block.get("policy") if isinstance(block, dict) and block.get("policy") else \
-            _expected_policy(cfg, arm, self.backend)
+        block = dynspec_state(after.server_info)
+        policy = block.get("policy") if block and block.get("policy") else _expected_policy(cfg, arm, self.backend)
         self.append(arm, c, r, policy, metrics)
 
 
