@@ -59,7 +59,7 @@ BAD = [
     (_bad(acceptance__accept_length=5.0), "exceeds 1 + speculative.num_steps = 4"),
     (_bad(acceptance=KeyError), "acceptance: Field required"),
     (_bad(provenance__kind="guessed"), "provenance.kind"),
-    (_bad(colour="blue"), "colour: Extra inputs are not permitted"),
+    (_bad(colour="blue"), "colour: unknown key"),
     (_bad(steps__batch_size=[0, 5]), "batch_size must be positive"),
 ]
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dynspec.typed_yaml import parse_model, read_yaml
 
 BACKENDS = ("live", "sim", "emulate")
 SIM_ARMS = ("baseline", "eagle3", "dynamic")  # what the simulator/emulator can model; or policy:SPEC
@@ -147,23 +149,8 @@ class SweepConfig(_Strict):
         raise KeyError(name)
 
 
-def _format(src: str, exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{src}: {loc}: {msg}{more}"
-
-
 def parse_config(data: object, src: str = "<config>") -> SweepConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{src}: a sweep config is a YAML mapping, got {type(data).__name__}")
-    try:
-        cfg = SweepConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(src, exc)) from None
+    cfg = parse_model(SweepConfig, data, src, ConfigError, "sweep config")
     for i, arm in enumerate(cfg.arms):
         for word in re.findall(r"\{[^{}]*\}", " ".join(arm.launch)):
             if word not in PLACEHOLDERS:
@@ -175,13 +162,7 @@ def parse_config(data: object, src: str = "<config>") -> SweepConfig:
 def load_config(path: str | Path) -> SweepConfig:
     """Read and validate a sweep config; raise ConfigError with one line naming file and key."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    cfg = parse_config(data, str(path))
+    cfg = parse_config(read_yaml(path, ConfigError, "config"), str(path))
     if cfg.prompts.path is not None:
         # A prompt file is named relative to the config that names it.
         p = Path(cfg.prompts.path)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps
+from dynspec.typed_yaml import parse_model, read_yaml
 
 
 class _Strict(BaseModel):
@@ -89,20 +90,7 @@ class FitError(ValueError):
 
 def load_fit_spec(path: str | Path) -> FitSpec:
     path = Path(path)
-    if not path.is_file():
-        raise FitError(f"{path}: no such fit spec")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise FitError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise FitError(f"{path}: a fit spec is a YAML mapping")
-    try:
-        return FitSpec.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise FitError(f"{path}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+    return parse_model(FitSpec, read_yaml(path, FitError, "fit spec"), str(path), FitError, "fit spec")
 
 
 def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], command: str | None = None) -> Profile:

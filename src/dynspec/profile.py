@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dynspec.typed_yaml import parse_model, read_yaml
 
 
 class ProfileError(ValueError):
@@ -146,40 +148,17 @@ def shipped_profiles() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def _format_error(src: str, exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{src}: {loc}: {msg}{more}"
-
-
 def parse_profile(data: object, src: str = "<profile>") -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{src}: a profile is a YAML mapping, got {type(data).__name__}")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as exc:
-        raise ProfileError(_format_error(src, exc)) from None
+    return parse_model(Profile, data, src, ProfileError, "profile")
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
     """Load a shipped profile by name, or a YAML file by path."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise ProfileError(f"{path}: no such profile file")
-        text = path.read_text()
-        src = str(path)
-    else:
-        res = resources.files("dynspec") / "profiles" / f"{name_or_path}.yaml"
-        if not res.is_file():
-            known = ", ".join(shipped_profiles()) or "none"
-            raise ProfileError(f"{name_or_path}: no such profile (shipped: {known}; or give a path to a .yaml file)")
-        text = res.read_text()
-        src = f"profile {name_or_path}"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{src}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_profile(data, src)
+        return parse_profile(read_yaml(path, ProfileError, "profile"), str(path))
+    res = resources.files("dynspec") / "profiles" / f"{name_or_path}.yaml"
+    if not res.is_file():
+        known = ", ".join(shipped_profiles()) or "none"
+        raise ProfileError(f"{name_or_path}: no such profile (shipped: {known}; or give a path to a .yaml file)")
+    return parse_profile(yaml.safe_load(res.read_text()), f"profile {name_or_path}")
