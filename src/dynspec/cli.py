@@ -20,6 +20,7 @@ COMMANDS = [
     "dynspec.readers",
     "dynspec.patching",
     "dynspec.pipeline",
+    "dynspec.calibrate",
 ]
 
 

@@ -1,0 +1,771 @@
+"""`dynspec calibrate`: measure a step-cost profile on this machine's GPU.
+
+What a decode step costs depends on the model's shapes, not its weight values, so the
+steps are timed on a Llama-style decoder of the real architecture with random weights
+(plain torch: RMSNorm, RoPE, GQA attention over a preallocated KV cache with
+scaled_dot_product_attention, SwiGLU MLP, lm_head) and an EAGLE-3 draft head (an fc
+fusing three target hidden states, one decoder layer over [embedding, hidden], a
+smaller-vocabulary lm_head).  Per batch size, at a fixed context length, each piece of
+a step is captured in a CUDA graph (SGLang replays graphs for decode) and timed with
+CUDA events: the median of N replays after warm-up.
+
+    plain   target forward of 1 token per request + greedy argmax
+    verify  target forward of num_steps+1 tokens per request (topk 1) + argmax + acceptance compare
+    draft   num_steps-1 single-token draft-head forwards (the first draft token comes from
+            the draft-extend's logits, as SGLang's EAGLE workers do) + top-1 each
+    extend  one draft-head forward over num_steps+1 tokens per request (SGLang's spec-v2
+            worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted
+
+Acceptance is not measurable with random weights: --accept-length is required and is
+recorded as an assumption.  On CPU it runs too (no graphs, wall-clock times), which is
+what the tests use.
+
+    dynspec calibrate --preset llama-3.1-8b --accept-length 2.5 --name NAME --out NAME.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# torch is imported on first use (`_require_torch`): `dynspec --help` imports every
+# command module, and torch is not a dependency of the rest of dynspec.
+torch = None
+F = None
+
+DTYPES = ("bfloat16", "float16", "float32")
+STEP_KINDS = ("plain", "draft", "verify", "extend")
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+
+
+class CalibrateError(ValueError):
+    """Bad input; the message is one line, shown as `dynspec calibrate: MESSAGE`."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) < 1:
+            raise CalibrateError("model dimensions must be positive")
+        if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
+            raise CalibrateError("hidden must split into heads of even size, and heads into kv_heads groups")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        # EAGLE-3 fuses three target hidden states; SGLang takes the inputs of layers 2, n/2, n-3.
+        n = self.layers
+        return tuple(min(max(i, 0), n - 1) for i in (2, n // 2, n - 3))
+
+    def describe(self) -> str:
+        return (f"hidden {self.hidden}, layers {self.layers}, heads {self.heads}, kv heads {self.kv_heads}, "
+                f"intermediate {self.intermediate}, vocab {self.vocab}")
+
+
+PRESETS = {
+    "llama-3.1-8b": ModelDims(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256),
+    "tiny": ModelDims(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=128, vocab=512),  # tests, CPU
+}
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    preset: str
+    accept_length: float
+    name: str
+    out: Path
+    draft_vocab: int = 32000
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    context_len: int = 1280
+    input_len: int = 1024
+    num_steps: int = 3
+    concentration: float = 10.0
+    repeats: int = 20
+    warmup: int = 5
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+    cuda_graphs: bool = True
+    seed: int = 0
+    raw_out: Path | None = None
+    dims: ModelDims = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise CalibrateError(f"unknown preset {self.preset!r} (known: {', '.join(PRESETS)})")
+        object.__setattr__(self, "dims", PRESETS[self.preset])
+        bs = self.batch_sizes
+        if len(bs) < 2 or any(b < 1 for b in bs) or any(a >= b for a, b in zip(bs, bs[1:])):
+            raise CalibrateError(f"--batch-sizes must be at least two positive, strictly increasing integers, "
+                                 f"got {','.join(map(str, bs))}")
+        if self.num_steps < 1:
+            raise CalibrateError(f"--num-steps must be at least 1, got {self.num_steps}")
+        if not (1.0 < self.accept_length <= 1 + self.num_steps):
+            raise CalibrateError(f"--accept-length must be in (1, {1 + self.num_steps}] for --num-steps "
+                                 f"{self.num_steps} (tokens per request per verify, bonus included), "
+                                 f"got {self.accept_length:g}")
+        for key in ("draft_vocab", "context_len", "input_len", "repeats"):
+            if getattr(self, key) < 1:
+                raise CalibrateError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(self, key)}")
+        if self.draft_vocab > self.dims.vocab:
+            raise CalibrateError(f"--draft-vocab {self.draft_vocab} exceeds the {self.preset} vocabulary "
+                                 f"({self.dims.vocab})")
+        if self.warmup < 0:
+            raise CalibrateError(f"--warmup must be at least 0, got {self.warmup}")
+        if not self.concentration > 0:
+            raise CalibrateError(f"--concentration must be positive, got {self.concentration:g}")
+        if self.dtype not in DTYPES:
+            raise CalibrateError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device.split(":")[0] not in ("cuda", "cpu"):
+            raise CalibrateError(f"--device must be cuda, cuda:N or cpu, got {self.device!r}")
+        if not self.name.strip():
+            raise CalibrateError("--name must not be empty")
+        if self.out.suffix not in (".yaml", ".yml"):
+            raise CalibrateError(f"{self.out}: a profile is written as .yaml")
+
+    @property
+    def raw_path(self) -> Path:
+        return self.raw_out or self.out.with_name(self.out.stem + ".raw.json")
+
+    def command(self) -> str:
+        """The command line that reproduces this run, every setting explicit."""
+        parts = ["dynspec", "calibrate", "--preset", self.preset, "--draft-vocab", str(self.draft_vocab),
+                 "--batch-sizes", ",".join(map(str, self.batch_sizes)), "--context-len", str(self.context_len),
+                 "--input-len", str(self.input_len), "--num-steps", str(self.num_steps),
+                 "--accept-length", f"{self.accept_length:g}", "--concentration", f"{self.concentration:g}",
+                 "--repeats", str(self.repeats), "--warmup", str(self.warmup), "--dtype", self.dtype,
+                 "--device", self.device, "--seed", str(self.seed)]
+        if not self.cuda_graphs:
+            parts.append("--no-cuda-graphs")
+        parts += ["--name", self.name, "--out", str(self.out)]
+        if self.raw_out:
+            parts += ["--raw-out", str(self.raw_out)]
+        return shlex.join(parts)
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise CalibrateError(f"--batch-sizes takes comma-separated integers, got {text!r}") from None
+
+
+# ------------------------------------------------------------------- the model (torch)
+
+
+def _require_torch() -> None:
+    global torch, F
+    if torch is None:
+        try:
+            import torch as _torch
+            import torch.nn.functional as _F
+        except ImportError:
+            raise CalibrateError("needs PyTorch (pip install torch)") from None
+        torch, F = _torch, _F
+
+
+def rms_norm(x, w, eps: float):
+    xf = x.float() if x.element_size() < 4 else x  # half precision: the statistics in float32
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+class Rope:
+    """cos/sin tables for every position (Llama-3.1's frequency scaling left out: same cost)."""
+
+    def __init__(self, dims: ModelDims, max_len: int, dtype, device):
+        d = dims.head_dim
+        inv = dims.rope_theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+        ang = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv)
+        ang = torch.cat([ang, ang], -1)
+        self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
+
+    def apply(self, x, pos: int):  # x [B, T, heads, D]
+        t = x.shape[1]
+        c, s = self.cos[pos:pos + t, None, :], self.sin[pos:pos + t, None, :]
+        x1, x2 = x.chunk(2, -1)
+        return x * c + torch.cat([-x2, x1], -1) * s
+
+
+_MASKS: dict = {}
+
+
+def _verify_mask(group: int, t: int, pos: int, s: int, dtype, device):
+    # Row g*t + i is query i (position pos+i) of the g-th head sharing a kv head: it sees keys 0..pos+i.
+    # Additive and in the query's dtype, made once, so no step converts a boolean mask.
+    key = (group, t, pos, s, dtype, str(device))
+    if key not in _MASKS:
+        qpos = pos + torch.arange(t, device=device).repeat(group)
+        allowed = torch.arange(s, device=device)[None, :] <= qpos[:, None]
+        _MASKS[key] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+    return _MASKS[key]
+
+
+def attend(q, k, v, pos: int):
+    """Causal GQA attention of q [B, T, heads, D] at positions pos.. over cached k, v [B, kv, pos+T, D]."""
+    _require_torch()
+    b, t, h, d = q.shape
+    kv, s = k.shape[1], k.shape[2]
+    g = h // kv
+    if s != pos + t:
+        raise ValueError(f"attend: {s} cached keys for queries at {pos}..{pos + t - 1}")
+    if pos == 0 and t > 1:
+        # A prefill: queries and keys aligned, so SDPA's causal flag is right; repeating kv heads
+        # costs little next to the prefill's matmuls.
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(g, 1),
+                                             v.repeat_interleave(g, 1), is_causal=True)
+        return out.transpose(1, 2)
+    # Decode and verify: the g query heads sharing a kv head become g*t query rows of one head, so
+    # each cached kv head is read once (as decode kernels do), with no repeat of the cache.
+    qg = q.view(b, t, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)
+    mask = None if t == 1 else _verify_mask(g, t, pos, s, q.dtype, q.device)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+    return out.view(b, kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+class KVCache:
+    """One contiguous [batch, kv_heads, max_len, head_dim] tensor per layer for k and for v."""
+
+    def __init__(self, k: list, v: list):
+        self.k, self.v = k, v
+
+    @classmethod
+    def empty(cls, n_layers: int, dims: ModelDims, batch: int, max_len: int, dtype, device) -> KVCache:
+        shape = (batch, dims.kv_heads, max_len, dims.head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+
+    def batch(self, b: int) -> KVCache:
+        return KVCache([k[:b] for k in self.k], [v[:b] for v in self.v])
+
+    def fill_random(self, gen) -> None:
+        # Decode reads the whole context: its values don't matter, but they must not be zeros.
+        for t in self.k + self.v:
+            t.normal_(generator=gen)
+
+
+def _rand(gen, shape, scale: float, dtype, device):
+    return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
+
+
+def _norm_weight(gen, n: int, dtype, device):
+    return (1.0 + 0.1 * torch.randn(n, generator=gen, device=device)).to(dtype)
+
+
+class Layer:
+    """One Llama decoder layer's weights: fused qkv and gate/up projections, as serving engines load them."""
+
+    def __init__(self, dims: ModelDims, in_dim: int, gen, dtype, device):
+        d, hd = dims, dims.head_dim
+        self.dims = dims
+        self.ln_attn = _norm_weight(gen, d.hidden, dtype, device)
+        self.wqkv = _rand(gen, ((d.heads + 2 * d.kv_heads) * hd, in_dim), in_dim ** -0.5, dtype, device)
+        self.wo = _rand(gen, (d.hidden, d.heads * hd), (d.heads * hd) ** -0.5, dtype, device)
+        self.ln_mlp = _norm_weight(gen, d.hidden, dtype, device)
+        self.w13 = _rand(gen, (2 * d.intermediate, d.hidden), d.hidden ** -0.5, dtype, device)
+        self.w2 = _rand(gen, (d.hidden, d.intermediate), d.intermediate ** -0.5, dtype, device)
+
+    def attention(self, x, k_cache, v_cache, pos: int, rope: Rope):
+        """Self-attention of the normed input x [B, T, in_dim] at positions pos..; writes k, v to the cache."""
+        d = self.dims
+        b, t, _ = x.shape
+        q, k, v = F.linear(x, self.wqkv).split([d.heads * d.head_dim, d.kv_heads * d.head_dim,
+                                                 d.kv_heads * d.head_dim], -1)
+        q = rope.apply(q.view(b, t, d.heads, d.head_dim), pos)
+        k = rope.apply(k.view(b, t, d.kv_heads, d.head_dim), pos)
+        k_cache[:, :, pos:pos + t] = k.transpose(1, 2)
+        v_cache[:, :, pos:pos + t] = v.view(b, t, d.kv_heads, d.head_dim).transpose(1, 2)
+        out = attend(q, k_cache[:, :, :pos + t], v_cache[:, :, :pos + t], pos)
+        return F.linear(out.reshape(b, t, d.heads * d.head_dim), self.wo)
+
+    def mlp(self, x):
+        gate, up = F.linear(x, self.w13).chunk(2, -1)
+        return F.linear(F.silu(gate) * up, self.w2)
+
+
+class TargetModel:
+    """A Llama-style decoder with random weights: the target of speculative decoding."""
+
+    def __init__(self, dims: ModelDims, dtype, device, max_len: int, seed: int = 0):
+        _require_torch()
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.dims, self.dtype, self.device = dims, dtype, device
+        self.embed = _rand(gen, (dims.vocab, dims.hidden), 1.0, dtype, device)
+        self.layers = [Layer(dims, dims.hidden, gen, dtype, device) for _ in range(dims.layers)]
+        self.norm = _norm_weight(gen, dims.hidden, dtype, device)
+        self.lm_head = _rand(gen, (dims.vocab, dims.hidden), dims.hidden ** -0.5, dtype, device)
+        self.rope = Rope(dims, max_len, dtype, device)
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.empty(self.dims.layers, self.dims, batch, max_len, self.dtype, self.device)
+
+    def forward(self, tokens, cache: KVCache, pos: int, aux: bool = False):
+        """tokens [B, T] at positions pos..pos+T-1 -> (final normed hidden [B, T, H], EAGLE-3 aux states)."""
+        x = F.embedding(tokens, self.embed)
+        captured = {}
+        for i, layer in enumerate(self.layers):
+            if aux and i in self.dims.aux_layers:
+                captured[i] = x
+            x = x + layer.attention(rms_norm(x, layer.ln_attn, self.dims.norm_eps), cache.k[i], cache.v[i],
+                                    pos, self.rope)
+            x = x + layer.mlp(rms_norm(x, layer.ln_mlp, self.dims.norm_eps))
+        aux_states = [captured[i] for i in self.dims.aux_layers] if aux else None
+        return rms_norm(x, self.norm, self.dims.norm_eps), aux_states
+
+    def logits(self, h):
+        return F.linear(h, self.lm_head)
+
+
+class DraftHead:
+    """EAGLE-3's draft model: fc(3 target hidden states) + one decoder layer over [embedding, hidden] + lm_head."""
+
+    def __init__(self, target: TargetModel, draft_vocab: int, seed: int = 1):
+        dims, dtype, device = target.dims, target.dtype, target.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.dims, self.dtype, self.device, self.rope = dims, dtype, device, target.rope
+        self.embed = target.embed  # EAGLE-3 heads reuse the target's embedding
+        self.fc = _rand(gen, (dims.hidden, 3 * dims.hidden), (3 * dims.hidden) ** -0.5, dtype, device)
+        self.ln_hidden = _norm_weight(gen, dims.hidden, dtype, device)
+        self.layer = Layer(dims, 2 * dims.hidden, gen, dtype, device)  # its qkv reads [embedding, hidden]
+        self.norm = _norm_weight(gen, dims.hidden, dtype, device)
+        self.lm_head = _rand(gen, (draft_vocab, dims.hidden), dims.hidden ** -0.5, dtype, device)
+        # The draft vocabulary's target token ids (SGLang's hot-token map).
+        self.hot_ids = torch.randperm(dims.vocab, generator=gen, device=device)[:draft_vocab]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return KVCache.empty(1, self.dims, batch, max_len, self.dtype, self.device)
+
+    def forward(self, tokens, hidden, cache: KVCache, pos: int):
+        """tokens [B, T], hidden [B, T, 3H] (target's) or [B, T, H] (own) -> (normed, pre-norm hidden)."""
+        eps = self.dims.norm_eps
+        if hidden.shape[-1] != self.dims.hidden:
+            hidden = F.linear(hidden, self.fc)
+        x = torch.cat([rms_norm(F.embedding(tokens, self.embed), self.layer.ln_attn, eps),
+                       rms_norm(hidden, self.ln_hidden, eps)], -1)
+        r = hidden + self.layer.attention(x, cache.k[0], cache.v[0], pos, self.rope)
+        out = r + self.layer.mlp(rms_norm(r, self.layer.ln_mlp, eps))
+        return rms_norm(out, self.norm, eps), out
+
+    def logits(self, h):
+        return F.linear(h, self.lm_head)
+
+
+class StepSet:
+    """The four pieces of one speculative step and the plain step at one batch size.
+
+    Inputs and outputs are static tensors and positions are fixed (the context length), so
+    every method can be captured in a CUDA graph and replayed: each replay rewrites the same
+    cache slots.
+    """
+
+    def __init__(self, target: TargetModel, draft: DraftHead, tcache: KVCache, dcache: KVCache,
+                 bs: int, context_len: int, num_steps: int, seed: int = 2):
+        dev, dims = target.device, target.dims
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        t = num_steps + 1
+        self.target, self.draft, self.bs, self.ctx, self.num_steps = target, draft, bs, context_len, num_steps
+        self.tcache, self.dcache = tcache.batch(bs), dcache.batch(bs)
+        self.rows = torch.arange(bs, device=dev)
+        self.tok1 = torch.randint(0, dims.vocab, (bs, 1), generator=gen, device=dev)
+        self.tokens = torch.randint(0, dims.vocab, (bs, t), generator=gen, device=dev)  # last token + drafts
+        self.hidden1 = torch.randn((bs, 1, dims.hidden), generator=gen, device=dev).to(target.dtype)
+        self.aux = torch.randn((bs, t, 3 * dims.hidden), generator=gen, device=dev).to(target.dtype)
+        self.last_accepted = torch.randint(0, t, (bs,), generator=gen, device=dev)
+        self.out_token = torch.zeros(bs, dtype=torch.long, device=dev)
+        self.out_accept = torch.zeros(bs, dtype=torch.long, device=dev)
+        self.out_aux = torch.zeros_like(self.aux)
+        self.out_drafts = torch.zeros((bs, max(num_steps - 1, 1)), dtype=torch.long, device=dev)
+        self.out_hidden = torch.zeros((bs, dims.hidden), dtype=target.dtype, device=dev)
+
+    def plain(self) -> None:
+        h, _ = self.target.forward(self.tok1, self.tcache, self.ctx)
+        self.out_token.copy_(self.target.logits(h)[:, -1].argmax(-1))
+
+    def verify(self) -> None:
+        h, aux = self.target.forward(self.tokens, self.tcache, self.ctx, aux=True)
+        choice = self.target.logits(h).argmax(-1)  # the target's token after each position
+        # A draft is accepted while every draft before it matched the target's choice.
+        matched = (self.tokens[:, 1:] == choice[:, :-1]).long().cumprod(-1)
+        self.out_accept.copy_(matched.sum(-1) + 1)
+        self.out_aux.copy_(torch.cat(aux, -1))  # the draft-extend's input
+
+    def draft_chain(self) -> None:
+        tok, hid = self.tok1, self.hidden1
+        for i in range(self.num_steps - 1):
+            hn, hid = self.draft.forward(tok, hid, self.dcache, self.ctx + 1 + i)
+            top = torch.softmax(self.draft.logits(hn).float(), -1).argmax(-1)  # topk 1
+            tok = self.draft.hot_ids[top]
+            self.out_drafts[:, i:i + 1].copy_(tok)
+
+    def extend(self) -> None:
+        hn, hid = self.draft.forward(self.tokens, self.aux, self.dcache, self.ctx)
+        last = self.draft.logits(hn)[self.rows, self.last_accepted]
+        self.out_token.copy_(self.draft.hot_ids[torch.softmax(last.float(), -1).argmax(-1)])
+        self.out_hidden.copy_(hid[self.rows, self.last_accepted])
+
+
+# ------------------------------------------------------------------------- timing
+
+
+def _sdpa_fused_only():
+    """On CUDA, SDPA may not fall back to its unfused math kernel (it would misstate the cost)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        fused.append(SDPBackend.CUDNN_ATTENTION)
+    return sdpa_kernel(fused)
+
+
+def time_ms(fn: Callable[[], None], *, repeats: int, warmup: int, device, graphs: bool) -> tuple[list[float], str]:
+    """Milliseconds per call of fn, one value per repeat, and how it ran ("cuda-graph", "eager", "cpu")."""
+    if device.type != "cuda":
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return times, "cpu"
+    run, how, graph = fn, "eager", None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), _sdpa_fused_only():
+        for _ in range(2):  # graph capture needs the kernels' first-call work done
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    if graphs:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), _sdpa_fused_only():
+                fn()
+            run, how = graph.replay, "cuda-graph"
+        except RuntimeError as exc:  # time it eagerly rather than lose the point; the raw JSON says so
+            graph, how = None, f"eager (graph capture failed: {str(exc).splitlines()[0][:200]})"
+    with _sdpa_fused_only():
+        for _ in range(warmup):
+            run()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for s, e in zip(starts, ends):
+            s.record()
+            run()
+            e.record()
+        torch.cuda.synchronize()
+    del graph
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], how
+
+
+def check_attention(dims: ModelDims, dtype, device, context_len: int, t: int, seed: int = 0) -> dict[int, float]:
+    """Relative error of the attention as timed (fused kernels on CUDA) against a plain float32
+    computation (kv heads repeated, explicit causal mask) on the same inputs, for 1 and t queries."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    errors = {}
+    for n in sorted({1, t}):
+        q = torch.randn((2, n, dims.heads, dims.head_dim), generator=gen, device=device).to(dtype)
+        k, v = (torch.randn((2, dims.kv_heads, context_len + n, dims.head_dim), generator=gen, device=device).to(dtype)
+                for _ in range(2))
+        if device.type == "cuda":
+            with _sdpa_fused_only():
+                out = attend(q, k, v, context_len).float()
+        else:
+            out = attend(q, k, v, context_len).float()
+        kf, vf = (x.float().repeat_interleave(dims.group, 1) for x in (k, v))
+        scores = q.float().transpose(1, 2) @ kf.transpose(-1, -2) / dims.head_dim ** 0.5
+        allowed = torch.arange(context_len + n, device=device)[None, :] <= (context_len + torch.arange(n, device=device))[:, None]
+        ref = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ vf).transpose(1, 2)
+        errors[n] = float((out - ref).norm() / ref.norm())
+    return errors
+
+
+def _environment(device) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   sm_count=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False)
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    else:
+        env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return env
+
+
+def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Time every step piece at every batch size, and a prefill; return the raw timings."""
+    _require_torch()
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
+    dtype = getattr(torch, cfg.dtype)
+    dims, t = cfg.dims, cfg.num_steps + 1
+    max_len = max(cfg.context_len + 2 * t, cfg.input_len)
+    graphs = cfg.cuda_graphs and device.type == "cuda"
+    t_start = time.perf_counter()
+    raw: dict = {"config": {**asdict(cfg), "out": str(cfg.out), "raw_out": str(cfg.raw_path),
+                            "dims": asdict(dims)},
+                 "command": cfg.command(), "environment": _environment(device), "steps": {}, "prefill": {}}
+    with torch.inference_mode():
+        target = TargetModel(dims, dtype, device, max_len, seed=cfg.seed)
+        draft = DraftHead(target, cfg.draft_vocab, seed=cfg.seed + 1)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed + 3)
+        tcache = target.new_cache(cfg.batch_sizes[-1], max_len)
+        dcache = draft.new_cache(cfg.batch_sizes[-1], max_len)
+        tcache.fill_random(gen)
+        dcache.fill_random(gen)
+        errors = check_attention(dims, dtype, device, cfg.context_len, t, seed=cfg.seed + 4)
+        raw["attention_check_rel_err"] = errors
+        log("attention self-check (rel. error vs float32 reference): "
+            + ", ".join(f"{n} quer{'y' if n == 1 else 'ies'} {e:.1e}" for n, e in errors.items()))
+        if not all(e < 3e-2 for e in errors.values()):  # bf16 gave 2.2e-3 on an H200; more is a wrong result
+            raise CalibrateError(f"attention self-check failed: relative errors {errors}")
+        log(f"model and KV cache ready ({time.perf_counter() - t_start:.1f} s); timing "
+            f"{'CUDA-graph replays' if graphs else 'eager calls'}, median of {cfg.repeats}")
+        if device.type == "cuda":  # bring the clocks up before the first timed point
+            warm = StepSet(target, draft, tcache, dcache, cfg.batch_sizes[-1], cfg.context_len, cfg.num_steps)
+            t_warm = time.perf_counter()
+            while time.perf_counter() - t_warm < 3.0:
+                warm.plain()
+                torch.cuda.synchronize()
+            del warm
+        for bs in cfg.batch_sizes:
+            steps = StepSet(target, draft, tcache, dcache, bs, cfg.context_len, cfg.num_steps, seed=cfg.seed + 2)
+            row: dict = {}
+            for kind, fn in (("plain", steps.plain), ("draft", steps.draft_chain),
+                             ("verify", steps.verify), ("extend", steps.extend)):
+                if kind == "draft" and cfg.num_steps == 1:
+                    row[kind] = {"ms": [0.0], "how": "none (num_steps 1: no draft forward)"}
+                    continue
+                ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs)
+                row[kind] = {"ms": ms, "how": how}
+            raw["steps"][bs] = row
+            med = {k: statistics.median(v["ms"]) for k, v in row.items()}
+            log(f"bs {bs:4d}: plain {med['plain']:8.3f}  draft {med['draft']:8.3f}  verify {med['verify']:8.3f}  "
+                f"extend {med['extend']:8.3f} ms")
+            del steps
+        for k in prefill_prompts(cfg):
+            prompts = torch.randint(0, dims.vocab, (k, cfg.input_len), generator=gen, device=device)
+            cache_k = tcache.batch(k)
+
+            def prefill(prompts=prompts, cache_k=cache_k):
+                h, _ = target.forward(prompts, cache_k, 0)
+                target.logits(h[:, -1:]).argmax(-1)  # logits of each prompt's last token only, as servers do
+
+            # Eager, as servers run prefill; every point is GPU-bound (a short prompt alone would
+            # time the CPU's kernel launches instead).
+            ms, how = time_ms(prefill, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=False)
+            raw["prefill"][k * cfg.input_len] = {"prompts": k, "ms": ms, "how": how}
+            log(f"prefill {k} x {cfg.input_len} tokens: {statistics.median(ms):8.3f} ms")
+    raw["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    return raw
+
+
+# ---------------------------------------------------------------------- the profile
+
+
+CHUNK_TOKENS = 8192  # SGLang's default chunked-prefill size, written into the profile
+
+
+def prefill_prompts(cfg: CalibrateConfig) -> list[int]:
+    """How many prompts of input_len tokens to prefill in one forward: 1, 2, 4, ... up to one chunk."""
+    most = min(cfg.batch_sizes[-1], max(1, CHUNK_TOKENS // cfg.input_len))
+    return [k for k in (2 ** i for i in range(16)) if k <= most]
+
+
+def fit_prefill(points: dict) -> tuple[float, float]:
+    """(fixed_ms, per_token_ms) from {tokens: median ms}: least squares, both kept non-negative."""
+    xs, ys = list(points), list(points.values())
+    if len(xs) == 1:
+        return ys[0], 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs), 0.0)
+    return max(my - slope * mx, 0.0), slope
+
+
+def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
+    """The profile (a plain dict in the README's format) from the raw timings."""
+    env, dims = raw["environment"], cfg.dims
+
+    def med(kind: str) -> list[float]:
+        return [round(statistics.median(raw["steps"][bs][kind]["ms"]), 4) for bs in cfg.batch_sizes]
+
+    fixed, per_token = fit_prefill({n: statistics.median(v["ms"]) for n, v in raw["prefill"].items()})
+    hows = sorted({v["how"] for row in raw["steps"].values() for v in row.values()})
+    if "gpu" in env:
+        machine = f"1x {env['gpu']} ({env['sm_count']} SMs, {env['memory_gib']} GiB)"
+        versions = f"torch {env['torch']}, CUDA {env['cuda']}, driver {env.get('driver') or 'unknown'}"
+    else:
+        machine = f"CPU {env['cpu']} ({env['threads']} threads)"
+        versions = f"torch {env['torch']}"
+    source = (f"dynspec calibrate on {machine}: {versions}; {cfg.preset} shapes ({dims.describe()}), {cfg.dtype}, "
+              f"EAGLE-3 head with draft vocab {cfg.draft_vocab}; context {cfg.context_len} tokens; median of "
+              f"{cfg.repeats} timed runs after {cfg.warmup} warm-up per point ({', '.join(hows)}); "
+              f"raw timings: {cfg.raw_path.name}")
+    t = cfg.num_steps + 1
+    assumptions = [
+        "random weights: a step's cost depends on the shapes, not on the weight values",
+        (f"acceptance: accept_length {cfg.accept_length:g} and concentration {cfg.concentration:g} are given on "
+        "the command line, not measured (random weights say nothing about acceptance)"),
+        ("kernels: plain PyTorch (cuBLAS GEMMs; scaled_dot_product_attention, fused backends only on CUDA; "
+        "unfused RMSNorm, RoPE and SwiGLU) instead of SGLang's FlashInfer/FA3 attention and fused kernels"),
+        ("one device, no tensor parallelism, no overlap scheduling; device time only: the scheduler's CPU "
+        "work per step (batch bookkeeping, sampling setup, spec-v2's plan stream) is not included"),
+        (f"uniform batch: every request at context length {cfg.context_len}, KV cache contiguous per layer "
+        "(not paged), filled with random values"),
+        "plain: target forward of 1 token per request + greedy argmax",
+        (f"verify: target forward of {t} tokens per request (topk 1 chain, num_draft_tokens {t}) + argmax + "
+        f"acceptance compare; EAGLE-3 aux hidden states from target layers {list(dims.aux_layers)}"),
+        (f"draft: {cfg.num_steps - 1} single-token draft-head forwards + top-1 each: the first of the "
+        f"{cfg.num_steps} draft tokens comes from the draft-extend's logits, as in SGLang's EAGLE workers"),
+        (f"extend: one draft-head forward over {t} tokens per request (num_steps + 1, the fixed shape SGLang's "
+        "spec-v2 worker replays in its CUDA graph; the v1 worker runs accept_length + 1) + top-1 at the last "
+        "accepted position"),
+        (f"prefill: target only, eager, {'/'.join(str(v['prompts']) for v in raw['prefill'].values())} prompts of "
+        f"{cfg.input_len} tokens in one forward, fitted as fixed + per-token; the draft's prefill under "
+        f"speculation is not included; chunk_tokens {CHUNK_TOKENS} assumed (SGLang's default)"),
+        "RoPE without Llama-3.1's frequency scaling (same cost)",
+    ]
+    return {
+        "name": cfg.name,
+        "description": (f"Decode step costs measured by dynspec calibrate on {machine}, with "
+                        f"{cfg.preset} shapes and random weights, EAGLE-3 chain of {cfg.num_steps} (topk 1)."),
+        "hardware": machine,
+        "model": f"{cfg.preset} shapes, random weights, {cfg.dtype} + EAGLE-3 head shapes (draft vocab {cfg.draft_vocab})",
+        "speculative": {"algorithm": "EAGLE3", "num_steps": cfg.num_steps, "topk": 1, "num_draft_tokens": t},
+        "acceptance": {"accept_length": cfg.accept_length, "concentration": cfg.concentration},
+        "steps": {"batch_size": list(cfg.batch_sizes), "plain_ms": med("plain"), "draft_ms": med("draft"),
+                  "verify_ms": med("verify"), "extend_ms": med("extend")},
+        "prefill": {"fixed_ms": round(fixed, 4), "per_token_ms": round(per_token, 6), "chunk_tokens": CHUNK_TOKENS},
+        "provenance": {"kind": "measured", "source": source, "command": cfg.command(), "assumptions": assumptions},
+    }
+
+
+def format_table(profile: dict) -> str:
+    s = profile["steps"]
+    lines = [f"{'bs':>5s} {'plain':>9s} {'draft':>9s} {'verify':>9s} {'extend':>9s} {'spec':>9s} {'spec/plain':>10s}"]
+    for i, bs in enumerate(s["batch_size"]):
+        spec = s["draft_ms"][i] + s["verify_ms"][i] + s["extend_ms"][i]
+        lines.append(f"{bs:5d} {s['plain_ms'][i]:9.3f} {s['draft_ms'][i]:9.3f} {s['verify_ms'][i]:9.3f} "
+                     f"{s['extend_ms'][i]:9.3f} {spec:9.3f} {spec / s['plain_ms'][i]:10.2f}")
+    return "\n".join(lines)
+
+
+def profile_yaml(profile: dict) -> str:
+    import yaml
+
+    class FlowNumbers(yaml.SafeDumper):
+        """Lists of numbers on one line, so step tables read as tables."""
+
+    FlowNumbers.add_representer(list, lambda d, data: d.represent_sequence(
+        "tag:yaml.org,2002:seq", data, flow_style=all(isinstance(x, (int, float)) for x in data)))
+    head = [f"# {profile['name']}: written by `{profile['provenance']['command']}`; measured, do not edit by hand.",
+            "# Median milliseconds per step piece (spec = draft + verify + extend):"]
+    head += ["#   " + line for line in format_table(profile).splitlines()]
+    return "\n".join(head) + "\n" + yaml.dump(profile, Dumper=FlowNumbers, sort_keys=False, width=100)
+
+
+def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict) -> None:
+    """Raw JSON first (the measurement is never lost), then the profile: validated, then renamed into place."""
+    from dynspec.profile import ProfileError, load_profile
+
+    cfg.raw_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.raw_path.with_name(cfg.raw_path.name + ".tmp")
+    tmp.write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    os.replace(tmp, cfg.raw_path)
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.out.with_name(cfg.out.stem + ".tmp.yaml")  # load_profile reads .yaml paths
+    try:
+        tmp.write_text(profile_yaml(profile))
+        load_profile(tmp)
+        os.replace(tmp, cfg.out)
+    except ProfileError as exc:
+        raise CalibrateError(f"the measured profile does not validate: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def config_from_args(args) -> CalibrateConfig:
+    return CalibrateConfig(
+        preset=args.preset, accept_length=args.accept_length, name=args.name, out=Path(args.out),
+        draft_vocab=args.draft_vocab, batch_sizes=parse_batch_sizes(args.batch_sizes),
+        context_len=args.context_len, input_len=args.input_len, num_steps=args.num_steps,
+        concentration=args.concentration, repeats=args.repeats, warmup=args.warmup, dtype=args.dtype,
+        device=args.device, cuda_graphs=not args.no_cuda_graphs, seed=args.seed,
+        raw_out=Path(args.raw_out) if args.raw_out else None)
+
+
+def _run(args) -> int:
+    prog = "dynspec calibrate"
+    try:
+        cfg = config_from_args(args)
+        _require_torch()
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
+        raw = run_calibration(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        profile = build_profile(cfg, raw)
+        write_outputs(cfg, raw, profile)
+    except CalibrateError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(profile))
+    print(f"prefill: {profile['prefill']['fixed_ms']:.3f} ms + {profile['prefill']['per_token_ms']:.5f} ms/token")
+    print(f"wrote {cfg.out} (validated) and {cfg.raw_path} ({raw['elapsed_s']:.0f} s)")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure a step-cost profile on this machine's GPU (random-weight model)")
+    p.add_argument("--preset", default="llama-3.1-8b", help=f"model shapes: {', '.join(PRESETS)} (default llama-3.1-8b)")
+    p.add_argument("--draft-vocab", type=int, default=32000, help="EAGLE-3 draft vocabulary (default 32000)")
+    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+                   help="comma-separated, increasing (default %(default)s)")
+    p.add_argument("--context-len", type=int, default=1280, help="tokens in each request's KV cache (default 1280)")
+    p.add_argument("--input-len", type=int, default=1024, help="prompt length of the prefill timings (default 1024)")
+    p.add_argument("--num-steps", type=int, default=3, help="EAGLE draft chain length (topk 1; default 3)")
+    p.add_argument("--accept-length", type=float, required=True,
+                   help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]")
+    p.add_argument("--concentration", type=float, default=10.0, help="assumed acceptance spread (Beta; default 10)")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs per point; the median is kept (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs per point first (default 5)")
+    p.add_argument("--dtype", default="bfloat16", help=f"{', '.join(DTYPES)} (default bfloat16)")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="time eager calls instead of graph replays")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", required=True, help="the profile's name")
+    p.add_argument("--out", required=True, help="the profile YAML to write")
+    p.add_argument("--raw-out", help="raw timings JSON (default: beside --out, NAME.raw.json)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,331 @@
+"""`dynspec calibrate`: the random-weight model computes the right thing, and the CLI
+writes a valid measured profile (CPU, tiny preset; no timing assertions)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+import pytest
+import torch
+
+from dynspec import calibrate as cal
+from dynspec.cli import main
+from dynspec.profile import load_profile
+
+DIMS = cal.PRESETS["tiny"]
+F64 = torch.float64  # correctness checks in double precision: differences are bugs, not rounding
+
+
+def naive_attention(q, k, v, pos):
+    """Reference: kv heads repeated, explicit causal mask with offset, softmax in float64."""
+    _, t, h, d = q.shape
+    g = h // k.shape[1]
+    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
+    scores = q.transpose(1, 2).double() @ k.transpose(-1, -2) / d ** 0.5  # [b, h, t, s]
+    allowed = torch.arange(k.shape[2])[None, :] <= (pos + torch.arange(t))[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("pos,t", [(0, 6), (9, 1), (9, 4), (1, 3)])
+def test_grouped_attention_matches_naive(pos, t):
+    g = torch.Generator().manual_seed(pos * 10 + t)
+    q = torch.randn(3, t, 8, 16, generator=g, dtype=F64)
+    k = torch.randn(3, 2, pos + t, 16, generator=g, dtype=F64)
+    v = torch.randn(3, 2, pos + t, 16, generator=g, dtype=F64)
+    assert torch.allclose(cal.attend(q, k, v, pos), naive_attention(q, k, v, pos), atol=1e-10)
+
+
+def test_attention_self_check_reports_small_errors():
+    errors = cal.check_attention(DIMS, torch.float32, torch.device("cpu"), context_len=33, t=4)
+    assert sorted(errors) == [1, 4] and all(0 <= e < 1e-5 for e in errors.values())
+    errors = cal.check_attention(DIMS, torch.bfloat16, torch.device("cpu"), context_len=33, t=4)
+    assert all(1e-5 < e < 3e-2 for e in errors.values())  # bf16 rounding, measured: not zero
+
+
+def test_attention_refuses_a_cache_of_the_wrong_length():
+    q = torch.zeros(1, 2, 4, 16)
+    with pytest.raises(ValueError, match="cached keys"):
+        cal.attend(q, torch.zeros(1, 2, 5, 16), torch.zeros(1, 2, 5, 16), 4)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return cal.TargetModel(DIMS, F64, torch.device("cpu"), max_len=64, seed=0)
+
+
+def test_kv_cached_decode_matches_full_forward(target):
+    """Token by token through the KV cache gives the logits of one forward over the whole prefix."""
+    tokens = torch.randint(0, DIMS.vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+    full, _ = target.forward(tokens, target.new_cache(2, 64), 0)
+    full = target.logits(full)
+    cache = target.new_cache(2, 64)
+    h, _ = target.forward(tokens[:, :5], cache, 0)  # prefill the first 5
+    assert torch.allclose(target.logits(h), full[:, :5], atol=1e-9)
+    for p in range(5, 12):
+        h, _ = target.forward(tokens[:, p:p + 1], cache, p)
+        assert torch.allclose(target.logits(h)[:, 0], full[:, p], atol=1e-9), f"position {p}"
+    # and the positions matter: decoding token 11 as if at position 10 gives other logits
+    h, _ = target.forward(tokens[:, 11:12], cache.batch(2), 11)
+    assert torch.allclose(target.logits(h)[:, 0], full[:, 11], atol=1e-9)
+
+
+def test_verify_of_k_tokens_equals_k_decode_steps(target):
+    tokens = torch.randint(0, DIMS.vocab, (3, 14), generator=torch.Generator().manual_seed(2))
+    prefix, k = 10, 4
+    seq = target.new_cache(3, 64)
+    target.forward(tokens[:, :prefix], seq, 0)
+    ver = cal.KVCache([x.clone() for x in seq.k], [x.clone() for x in seq.v])
+    steps = [target.logits(target.forward(tokens[:, p:p + 1], seq, p)[0])[:, 0] for p in range(prefix, prefix + k)]
+    h, aux = target.forward(tokens[:, prefix:prefix + k], ver, prefix, aux=True)
+    assert torch.allclose(target.logits(h), torch.stack(steps, 1), atol=1e-9)
+    assert len(aux) == 3 and all(a.shape == (3, k, DIMS.hidden) for a in aux)
+    for i in range(DIMS.layers):  # both wrote the same keys and values
+        assert torch.allclose(ver.k[i][:, :, :prefix + k], seq.k[i][:, :, :prefix + k], atol=1e-9)
+
+
+def test_draft_extend_equals_sequential_draft_forwards(target):
+    draft = cal.DraftHead(target, draft_vocab=100, seed=1)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, DIMS.vocab, (2, 4), generator=g)
+    hidden3 = torch.randn(2, 4, 3 * DIMS.hidden, generator=g, dtype=F64)  # the target's aux states
+    pre = torch.randint(0, DIMS.vocab, (2, 6), generator=g)
+    a, b = draft.new_cache(2, 64), draft.new_cache(2, 64)
+    for c in (a, b):  # the same 6 tokens of draft context in both caches
+        draft.forward(pre, torch.randn(2, 6, 3 * DIMS.hidden, generator=torch.Generator().manual_seed(4),
+                                       dtype=F64), c, 0)
+    hn, out = draft.forward(tokens, hidden3, a, 6)
+    for i in range(4):
+        hn_i, out_i = draft.forward(tokens[:, i:i + 1], hidden3[:, i:i + 1], b, 6 + i)
+        assert torch.allclose(hn[:, i:i + 1], hn_i, atol=1e-9) and torch.allclose(out[:, i:i + 1], out_i, atol=1e-9)
+    assert draft.logits(hn).shape == (2, 4, 100)
+    # its own hidden state (width H) skips the fc: fed back, it is a valid input
+    assert draft.forward(tokens[:, :1], out[:, -1:], b, 10)[0].shape == (2, 1, DIMS.hidden)
+
+
+def test_verify_step_counts_accepted_drafts(target):
+    """A draft is accepted only while every draft before it equals the target's greedy choice."""
+    draft = cal.DraftHead(target, draft_vocab=100)
+    tcache, dcache = target.new_cache(3, 64), draft.new_cache(3, 64)
+    tcache.fill_random(torch.Generator().manual_seed(5))
+    steps = cal.StepSet(target, draft, tcache, dcache, bs=3, context_len=20, num_steps=3)
+    # Request r's draft number wrong[r] is wrong; every other draft is the target's greedy choice
+    # after the tokens before it, so drafts after a wrong one match too but must not count.
+    wrong = [None, 1, 2]
+    chosen = [steps.tokens[:, :1].clone()]
+    for i in range(3):  # one decode step at a time, into the positions the verify will rewrite
+        h, _ = target.forward(chosen[-1], steps.tcache, 20 + i)
+        nxt = target.logits(h)[:, -1:].argmax(-1)
+        for r, w in enumerate(wrong):
+            if w == i + 1:
+                nxt[r] = (nxt[r] + 1) % DIMS.vocab
+        chosen.append(nxt)
+    steps.tokens.copy_(torch.cat(chosen, 1))
+    steps.verify()
+    assert steps.out_accept.tolist() == [4, 1, 2]
+    assert steps.out_aux.shape == (3, 4, 3 * DIMS.hidden) and steps.out_aux.abs().sum() > 0
+
+
+def test_step_pieces_run_and_write_their_outputs(target):
+    draft = cal.DraftHead(target, draft_vocab=100)
+    steps = cal.StepSet(target, draft, target.new_cache(4, 64), draft.new_cache(4, 64), bs=3, context_len=30,
+                        num_steps=3)
+    for out in (steps.out_token, steps.out_drafts):
+        out.fill_(-1)
+    steps.plain()
+    assert ((steps.out_token >= 0) & (steps.out_token < DIMS.vocab)).all()
+    steps.draft_chain()
+    assert steps.out_drafts.shape == (3, 2) and set(steps.out_drafts.flatten().tolist()) <= set(draft.hot_ids.tolist())
+    steps.out_token.fill_(-1)
+    steps.extend()
+    assert set(steps.out_token.tolist()) <= set(draft.hot_ids.tolist())
+
+
+# An independent Llama / EAGLE-3 forward, no cache, float64: RoPE as explicit rotations of the
+# dimension pairs (i, i + D/2), attention by naive_attention.
+def ref_rope(x, positions):  # x [B, T, n, D]
+    d = x.shape[-1]
+    out = x.clone()
+    for i in range(d // 2):
+        ang = positions.double() * DIMS.rope_theta ** (-2 * i / d)
+        c, s = ang.cos()[None, :, None], ang.sin()[None, :, None]
+        out[..., i] = x[..., i] * c - x[..., i + d // 2] * s
+        out[..., i + d // 2] = x[..., i + d // 2] * c + x[..., i] * s
+    return out
+
+
+def ref_norm(x, w):
+    return x / (x.pow(2).mean(-1, keepdim=True) + DIMS.norm_eps).sqrt() * w
+
+
+def ref_attention(layer, x):
+    b, t, _ = x.shape
+    hd, h, kv = DIMS.head_dim, DIMS.heads, DIMS.kv_heads
+    qkv = x @ layer.wqkv.T
+    q = qkv[..., :h * hd].reshape(b, t, h, hd)
+    k = qkv[..., h * hd:(h + kv) * hd].reshape(b, t, kv, hd)
+    v = qkv[..., (h + kv) * hd:].reshape(b, t, kv, hd)
+    pos = torch.arange(t)
+    out = naive_attention(ref_rope(q, pos), ref_rope(k, pos).transpose(1, 2), v.transpose(1, 2), 0)
+    return out.reshape(b, t, h * hd) @ layer.wo.T
+
+
+def ref_mlp(layer, x):
+    gate, up = (x @ layer.w13.T).chunk(2, -1)
+    return (gate * torch.sigmoid(gate) * up) @ layer.w2.T
+
+
+def ref_target_logits(m, tokens):
+    x = m.embed[tokens]
+    for layer in m.layers:
+        x = x + ref_attention(layer, ref_norm(x, layer.ln_attn))
+        x = x + ref_mlp(layer, ref_norm(x, layer.ln_mlp))
+    return ref_norm(x, m.norm) @ m.lm_head.T
+
+
+def ref_draft(d, tokens, hidden3):
+    hidden = hidden3 @ d.fc.T
+    x = torch.cat([ref_norm(d.embed[tokens], d.layer.ln_attn), ref_norm(hidden, d.ln_hidden)], -1)
+    r = hidden + ref_attention(d.layer, x)
+    out = r + ref_mlp(d.layer, ref_norm(r, d.layer.ln_mlp))
+    return ref_norm(out, d.norm) @ d.lm_head.T, out
+
+
+def test_target_matches_a_reference_llama_forward(target):
+    tokens = torch.randint(0, DIMS.vocab, (2, 9), generator=torch.Generator().manual_seed(6))
+    ref = ref_target_logits(target, tokens)
+    cache = target.new_cache(2, 64)
+    h, _ = target.forward(tokens[:, :6], cache, 0)  # the prefill path
+    assert torch.allclose(target.logits(h), ref[:, :6], atol=1e-9)
+    h, _ = target.forward(tokens[:, 6:], cache, 6)  # the verify path, over the cache
+    assert torch.allclose(target.logits(h), ref[:, 6:], atol=1e-9)
+
+
+def test_draft_head_matches_a_reference_eagle3_forward(target):
+    draft = cal.DraftHead(target, draft_vocab=100, seed=1)
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, DIMS.vocab, (2, 7), generator=g)
+    hidden3 = torch.randn(2, 7, 3 * DIMS.hidden, generator=g, dtype=F64)
+    ref_logits, ref_out = ref_draft(draft, tokens, hidden3)
+    cache = draft.new_cache(2, 64)
+    draft.forward(tokens[:, :3], hidden3[:, :3], cache, 0)
+    hn, out = draft.forward(tokens[:, 3:], hidden3[:, 3:], cache, 3)  # an extend over the cache
+    assert torch.allclose(draft.logits(hn), ref_logits[:, 3:], atol=1e-9)
+    assert torch.allclose(out, ref_out[:, 3:], atol=1e-9)
+
+
+def test_prefill_prompts_fill_at_most_one_chunk():
+    def prompts(input_len, batch_sizes=(1, 128)):
+        return cal.prefill_prompts(cal.CalibrateConfig(preset="tiny", accept_length=2, name="x", out=cal.Path("x.yaml"),
+                                                       draft_vocab=10, input_len=input_len, batch_sizes=batch_sizes))
+    assert prompts(1024) == [1, 2, 4, 8]  # up to 8192 tokens, SGLang's default chunk
+    assert prompts(1100) == [1, 2, 4]  # 8 x 1100 would overflow it
+    assert prompts(16, (1, 2, 4)) == [1, 2, 4]  # no more prompts than the largest batch
+    assert prompts(20000) == [1]
+
+
+def test_fit_prefill_recovers_a_line():
+    fixed, per_token = cal.fit_prefill({256: 2 + 0.01 * 256, 512: 2 + 0.01 * 512, 1024: 2 + 0.01 * 1024})
+    assert fixed == pytest.approx(2.0) and per_token == pytest.approx(0.01)
+    assert cal.fit_prefill({8: 1.0}) == (1.0, 0.0)
+    assert cal.fit_prefill({100: 5.0, 200: 4.0})[1] == 0.0  # never a negative per-token cost
+    assert cal.fit_prefill({100: 0.5, 200: 2.0})[0] == 0.0  # nor a negative fixed cost
+
+
+TINY = ["calibrate", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--draft-vocab", "100",
+        "--batch-sizes", "1,2,4", "--context-len", "24", "--input-len", "16", "--repeats", "3", "--warmup", "1",
+        "--accept-length", "2.5", "--name", "tiny-cpu"]
+
+
+def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
+    out = tmp_path / "profiles" / "tiny-cpu.yaml"
+    assert main(TINY + ["--out", str(out)]) == 0
+    p = load_profile(out)
+    assert p.name == "tiny-cpu"
+    assert p.steps.batch_size == [1, 2, 4]
+    for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms"):
+        times = getattr(p.steps, key)
+        assert len(times) == 3 and all(t > 0 for t in times), key
+    assert p.steps.spec_ms is None  # the speculative step is given in its parts
+    assert p.speculative.num_steps == 3 and p.speculative.num_draft_tokens == 4 and p.speculative.topk == 1
+    assert p.acceptance.accept_length == 2.5
+    assert p.prefill.fixed_ms >= 0 and p.prefill.per_token_ms >= 0
+    prov = p.provenance
+    assert prov.kind == "measured"
+    assert "tiny shapes" in prov.source and "float32" in prov.source and "median of 3" in prov.source
+    assert any("accept_length 2.5" in a and "not measured" in a for a in prov.assumptions)
+    assert any(a.startswith("random weights") for a in prov.assumptions)
+    # the recorded command is complete: parsed again it gives the same configuration
+    argv = shlex.split(prov.command)
+    assert argv[:2] == ["dynspec", "calibrate"]
+    parser = argparse.ArgumentParser()
+    cal.add_cli(parser.add_subparsers())
+    again = cal.config_from_args(parser.parse_args(argv[1:]))
+    assert again == cal.config_from_args(parser.parse_args(TINY + ["--out", str(out)]))
+    # the raw timings: every repeat of every point, beside the profile
+    raw = json.loads((out.parent / "tiny-cpu.raw.json").read_text())
+    assert sorted(raw["steps"]) == ["1", "2", "4"]
+    assert all(len(raw["steps"][bs][k]["ms"]) == 3 for bs in raw["steps"] for k in cal.STEP_KINDS)
+    assert [(int(n), v["prompts"]) for n, v in raw["prefill"].items()] == [(16, 1), (32, 2), (64, 4)]
+    assert sorted(x.name for x in out.parent.iterdir()) == ["tiny-cpu.raw.json", "tiny-cpu.yaml"]  # no temp files
+    printed = capsys.readouterr().out
+    assert "spec/plain" in printed and "(validated)" in printed
+
+
+def test_cli_one_step_chain_has_no_draft_forward(tmp_path):
+    out = tmp_path / "one.yaml"
+    argv = [a for a in TINY if a != "2.5"]
+    argv[argv.index("--accept-length") + 1:argv.index("--accept-length") + 1] = ["1.6"]
+    assert main(argv + ["--num-steps", "1", "--out", str(out)]) == 0
+    p = load_profile(out)
+    assert p.steps.draft_ms == [0.0, 0.0, 0.0] and all(t > 0 for t in p.steps.verify_ms)
+    assert p.speculative.num_draft_tokens == 2
+
+
+def _with(option, value):
+    argv = list(TINY)
+    if option in argv:
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    return argv
+
+
+BAD = [
+    (_with("--preset", "llama-9"), "unknown preset 'llama-9' (known: llama-3.1-8b, tiny)"),
+    (_with("--batch-sizes", "4,2"), "--batch-sizes must be at least two positive, strictly increasing"),
+    (_with("--batch-sizes", "8"), "--batch-sizes must be at least two"),
+    (_with("--batch-sizes", "0,1"), "--batch-sizes must be at least two positive"),
+    (_with("--batch-sizes", "1,two"), "--batch-sizes takes comma-separated integers"),
+    (_with("--accept-length", "1.0"), "--accept-length must be in (1, 4] for --num-steps 3"),
+    (_with("--accept-length", "4.5"), "--accept-length must be in (1, 4]"),
+    (_with("--num-steps", "1"), "--accept-length must be in (1, 2] for --num-steps 1"),
+    (_with("--num-steps", "0"), "--num-steps must be at least 1"),
+    (_with("--draft-vocab", "1000"), "--draft-vocab 1000 exceeds the tiny vocabulary (512)"),
+    (_with("--context-len", "0"), "--context-len must be at least 1"),
+    (_with("--dtype", "int8"), "--dtype must be one of bfloat16, float16, float32"),
+    (_with("--device", "tpu"), "--device must be cuda, cuda:N or cpu"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[m.split(" ")[0] + "-" + str(i) for i, (_, m) in enumerate(BAD)])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "p.yaml"
+    assert main(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dynspec calibrate: ") and message in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_out_must_be_yaml(tmp_path, capsys):
+    assert main(TINY + ["--out", str(tmp_path / "p.json")]) == 2
+    assert "p.json: a profile is written as .yaml" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_no_cuda_is_one_line(tmp_path, capsys):
+    assert main(_with("--device", "cuda") + ["--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == "dynspec calibrate: no CUDA device: torch.cuda.is_available() is False (use --device cpu)\n"
