@@ -77,22 +77,28 @@ def _check(obj, where: str, needed: tuple[str, ...]) -> dict:
     return obj
 
 
-def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
-                      profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
-    obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
-    c = _concurrency(obj, where)
+def _metrics(obj: dict, accept_key: str, e2e_key: str) -> dict:
+    """The metric columns both tools report, under their own names for two of them."""
     metrics = {
         "completed": obj["completed"], "failed": _failed(obj), "duration_s": _num(obj, "duration"),
         "total_input_tokens": _num(obj, "total_input_tokens"),
         "total_output_tokens": _num(obj, "total_output_tokens"),
         "output_throughput": _num(obj, "output_throughput"),
         "request_throughput": _num(obj, "request_throughput"),
-        "accept_length": _num(obj, "accept_length"),
+        "accept_length": _num(obj, accept_key),
     }
     for m in _METRICS:
-        src = "e2e_latency" if m == "e2e" else m
+        src = e2e_key if m == "e2e" else m
         for s in ("mean", "median", "p99"):
             metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms")
+    return metrics
+
+
+def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
+                      profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
+    obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
+    c = _concurrency(obj, where)
+    metrics = _metrics(obj, "accept_length", "e2e_latency")
     ids = dict(run_id=run_id, arm=arm or obj.get("tag") or obj.get("backend") or "bench_serving",
                policy=_policy(obj.get("server_info")), backend=backend, profile=profile,
                concurrency=c, repeat=repeat)
@@ -126,19 +132,8 @@ def vllm_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
              backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput"))
     c = _concurrency(obj, where)
-    metrics = {
-        "completed": obj["completed"], "failed": _failed(obj), "duration_s": _num(obj, "duration"),
-        "total_input_tokens": _num(obj, "total_input_tokens"),
-        "total_output_tokens": _num(obj, "total_output_tokens"),
-        "output_throughput": _num(obj, "output_throughput"),
-        "request_throughput": _num(obj, "request_throughput"),
-        # vLLM's acceptance length counts the bonus token, as SGLang's does.
-        "accept_length": _num(obj, "spec_decode_acceptance_length"),
-    }
-    for m in _METRICS:
-        src = "e2el" if m == "e2e" else m
-        for s in ("mean", "median", "p99"):
-            metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms")
+    # vLLM's acceptance length counts the bonus token, as SGLang's does.
+    metrics = _metrics(obj, "spec_decode_acceptance_length", "e2el")
     spec = obj.get("spec_decode_acceptance_length") is not None
     ids = dict(run_id=run_id, arm=arm or obj.get("label") or obj.get("backend") or "vllm",
                policy="always" if spec else "", backend=backend, profile=profile, concurrency=c, repeat=repeat)
