@@ -430,8 +430,16 @@ class Goodput(Policy):
                 self._t_cnt[m][b] += 1
         if changed:
             self._refresh(b)
-        if self.sync is not None and self._step % self.sync_every == 0:
+        if self.sync is not None and (self._step % self.sync_every == 0 or self._explored_unagreed(b)):
             self._agree()
+
+    def _explored_unagreed(self, b: int) -> bool:
+        """Bucket b has just had its exploration and still no agreed times: agree now rather
+        than decide blind until the next periodic sync.  Rank-consistent: n_seen counts
+        decisions, which every rank took alike."""
+        seen, t, k = self.n_seen, self.t_est, self.min_samples
+        return (seen[0][b] >= k and seen[1][b] >= k and (t[0][b] is None or t[1][b] is None)
+                and (seen[0][b] == k or seen[1][b] == k))
 
     def _agree(self) -> None:
         """Fold measured step times into the estimates, after the ranks agree on them."""
