@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from dynspec import patching
-from dynspec.policy import Policy
+from scripted_policy import Scripted
 from dynspec.sglang_hook import Controller
 from sglang_wheels import unpack
 
@@ -229,19 +229,6 @@ def make_worker(sg, cls_module, args, policy=None, graphs=None):
         w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
         w._dynspec_graphs = graphs
     return w, trace
-
-
-class Scripted(Policy):
-    name = "scripted"
-
-    def __init__(self, modes):
-        self.modes, self.records = list(modes), []
-
-    def decide(self, batch_size):
-        return self.modes.pop(0)
-
-    def observe(self, rec):
-        self.records.append(rec)
 
 
 def decode_batch(sg, seq_lens, spec_info, **over):

@@ -19,7 +19,6 @@ from dynspec.policy import (
     PolicySpecError,
     SglangTiers,
     StepRecord,
-    Table,
     Threshold,
     bucket_of,
     build_policy,

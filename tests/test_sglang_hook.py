@@ -9,23 +9,8 @@ import sys
 import pytest
 
 from dynspec.policy import FailSafePolicy, Policy
+from scripted_policy import Scripted
 from dynspec.sglang_hook import Controller, load_controller, plain_cuda_graph_enabled
-
-
-class Scripted(Policy):
-    name = "scripted"
-
-    def __init__(self, modes):
-        self.modes, self.records = list(modes), []
-
-    def decide(self, batch_size):
-        return self.modes.pop(0)
-
-    def observe(self, rec):
-        self.records.append(rec)
-
-    def reason(self, batch_size):
-        return f"because {batch_size}"
 
 
 class Clock:
