@@ -561,7 +561,7 @@ def _log_x(ax, levels: pd.Series) -> None:
     ax.set_xscale("log")
     ticks: list[int] = []
     for c in sorted({int(c) for c in levels.dropna()}):
-        if not ticks or c / ticks[-1] >= 1.3:
+        if not ticks or c / ticks[-1] >= 1.45:
             ticks.append(c)
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
