@@ -313,27 +313,18 @@ def test_broken_framing_and_early_close_are_errors():
 
 
 def test_connections_are_reused_across_requests():
-    seen = set()
+    class PeerRecording(FakeServer):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
 
-    async def handler(request):
-        seen.add(request.transport.get_extra_info("peername"))
-        return await FakeServer().generate(request)
+        async def generate(self, request):
+            self.seen.add(request.transport.get_extra_info("peername"))
+            return await super().generate(request)
 
-    async def go():
-        app = web.Application()
-        app.router.add_post("/generate", handler)
-        runner = web.AppRunner(app, shutdown_timeout=0.2)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            return await run_level_async(f"http://127.0.0.1:{port}", random_prompts(12, 4, 3), 3)
-        finally:
-            await runner.cleanup()
-
-    res = asyncio.run(go())
-    assert res.failed == 0 and len(seen) == 3  # one keep-alive connection per worker
+    fake = PeerRecording()
+    res = run(fake, random_prompts(12, 4, 3), 3)
+    assert res.failed == 0 and len(fake.seen) == 3  # one keep-alive connection per worker
 
 
 def test_only_plain_http_urls():
