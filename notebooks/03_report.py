@@ -26,12 +26,14 @@ runs_dir = "../data/runs"
 compare_runs = []  # other run folders drawn beside this one
 reference = "../data/reference/seed.csv"  # the seed's measured table; None to leave it out
 fallback_config = "../configs/ci-tiny.yaml"  # simulated when runs_dir holds no run yet
+profiles = []  # profile names or paths for "By profile"; []: every shipped profile
+profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 
 # %%
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from dynspec import report
+from dynspec import crossover, report
 
 run = report.open_run(run_dir, runs_dir=runs_dir, fallback_config=fallback_config)
 levels = report.level_table(run.results)
@@ -115,6 +117,30 @@ if ref is not None:
     display(report.reference_comparison(levels, ref).round(3))
 else:
     display(Markdown("No reference table given."))
+
+# %% [markdown]
+# ## By profile: where speculation stops paying
+#
+# Not this run: the shipped step-cost profiles (or the `profiles` parameter), side by
+# side. A speculative step emits `accept_length` tokens per request and costs spec/plain
+# plain steps, so per step it pays while the curve is below the accept length. The
+# table gives the batch size from which it no longer does, per profile and context
+# ("never": not even at batch 1; "> N": beyond the measured batch sizes).
+
+# %%
+shipped = crossover.load_profiles(profiles or None)
+crossover.step_cost_figure(shipped);
+
+# %%
+display(crossover.crossover_table(shipped))
+
+# %% [markdown]
+# Under load, simulated (1024 in / 256 out, seed 0): at which levels EAGLE-3 beats the
+# plain server, and how close the dynamic policy (`goodput`) comes to
+# max(baseline, eagle3) at every level.
+
+# %%
+display(crossover.envelope_by_profile(shipped, profile_levels))
 
 # %% [markdown]
 # ## Failed levels and run details

@@ -39,9 +39,9 @@ def test_grouped_attention_matches_naive(pos, t):
 
 
 def test_attention_self_check_reports_small_errors():
-    errors = cal.check_attention(DIMS, torch.float32, torch.device("cpu"), context_len=33, t=4)
-    assert sorted(errors) == [1, 4] and all(0 <= e < 1e-5 for e in errors.values())
-    errors = cal.check_attention(DIMS, torch.bfloat16, torch.device("cpu"), context_len=33, t=4)
+    errors = cal.check_attention(DIMS, torch.float32, torch.device("cpu"), context_len=33, queries=[4, 8])
+    assert sorted(errors) == [1, 4, 8] and all(0 <= e < 1e-5 for e in errors.values())
+    errors = cal.check_attention(DIMS, torch.bfloat16, torch.device("cpu"), context_len=33, queries=[4])
     assert all(1e-5 < e < 3e-2 for e in errors.values())  # bf16 rounding, measured: not zero
 
 
@@ -218,7 +218,7 @@ def test_draft_head_matches_a_reference_eagle3_forward(target):
 
 def test_prefill_prompts_fill_at_most_one_chunk():
     def prompts(input_len, batch_sizes=(1, 128)):
-        return cal.prefill_prompts(cal.CalibrateConfig(preset="tiny", accept_length=2, name="x", out=cal.Path("x.yaml"),
+        return cal.prefill_prompts(cal.CalibrateConfig(shape="tiny", accept_length=2, name="x", out=cal.Path("x.yaml"),
                                                        draft_vocab=10, input_len=input_len, batch_sizes=batch_sizes))
     assert prompts(1024) == [1, 2, 4, 8]  # up to 8192 tokens, SGLang's default chunk
     assert prompts(1100) == [1, 2, 4]  # 8 x 1100 would overflow it
@@ -234,8 +234,8 @@ def test_fit_prefill_recovers_a_line():
     assert cal.fit_prefill({100: 0.5, 200: 2.0})[0] == 0.0  # nor a negative fixed cost
 
 
-TINY = ["calibrate", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--draft-vocab", "100",
-        "--batch-sizes", "1,2,4", "--context-len", "24", "--input-len", "16", "--repeats", "3", "--warmup", "1",
+TINY = ["calibrate", "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--draft-vocab", "100",
+        "--batch-sizes", "1,2,4", "--context", "24", "--input-len", "16", "--repeats", "3", "--warmup", "1",
         "--accept-length", "2.5", "--name", "tiny-cpu"]
 
 
@@ -244,11 +244,13 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert main(TINY + ["--out", str(out)]) == 0
     p = load_profile(out)
     assert p.name == "tiny-cpu"
-    assert p.steps.batch_size == [1, 2, 4]
+    [table] = p.steps
+    assert table.batch_size == [1, 2, 4] and table.context_len == 24
     for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms"):
-        times = getattr(p.steps, key)
+        times = getattr(table, key)
         assert len(times) == 3 and all(t > 0 for t in times), key
-    assert p.steps.spec_ms is None  # the speculative step is given in its parts
+    assert table.spec_ms is None  # the speculative step is given in its parts
+    assert sorted(table.forward_ms) == [1, 2, 4, 8] and table.forward_ms[1] == table.plain_ms
     assert p.speculative.num_steps == 3 and p.speculative.num_draft_tokens == 4 and p.speculative.topk == 1
     assert p.acceptance.accept_length == 2.5
     assert p.prefill.fixed_ms >= 0 and p.prefill.per_token_ms >= 0
@@ -266,8 +268,10 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert again == cal.config_from_args(parser.parse_args(TINY + ["--out", str(out)]))
     # the raw timings: every repeat of every point, beside the profile
     raw = json.loads((out.parent / "tiny-cpu.raw.json").read_text())
-    assert sorted(raw["steps"]) == ["1", "2", "4"]
-    assert all(len(raw["steps"][bs][k]["ms"]) == 3 for bs in raw["steps"] for k in cal.STEP_KINDS)
+    assert list(raw["steps"]) == ["24"] and sorted(raw["steps"]["24"]) == ["1", "2", "4"]
+    points = raw["steps"]["24"]
+    kinds = [*cal.STEP_KINDS, "forward_q2", "forward_q4", "forward_q8"]
+    assert all(sorted(points[bs]) == sorted(kinds) and len(points[bs][k]["ms"]) == 3 for bs in points for k in kinds)
     assert [(int(n), v["prompts"]) for n, v in raw["prefill"].items()] == [(16, 1), (32, 2), (64, 4)]
     assert sorted(x.name for x in out.parent.iterdir()) == ["tiny-cpu.raw.json", "tiny-cpu.yaml"]  # no temp files
     printed = capsys.readouterr().out
@@ -280,7 +284,7 @@ def test_cli_one_step_chain_has_no_draft_forward(tmp_path):
     argv[argv.index("--accept-length") + 1:argv.index("--accept-length") + 1] = ["1.6"]
     assert main(argv + ["--num-steps", "1", "--out", str(out)]) == 0
     p = load_profile(out)
-    assert p.steps.draft_ms == [0.0, 0.0, 0.0] and all(t > 0 for t in p.steps.verify_ms)
+    assert p.steps[0].draft_ms == [0.0, 0.0, 0.0] and all(t > 0 for t in p.steps[0].verify_ms)
     assert p.speculative.num_draft_tokens == 2
 
 
@@ -294,7 +298,12 @@ def _with(option, value):
 
 
 BAD = [
-    (_with("--preset", "llama-9"), "unknown preset 'llama-9' (known: llama-3.1-8b, tiny)"),
+    (_with("--shape", "llama-9"), "unknown --shape 'llama-9' (a preset: llama-3.1-8b, tiny; or a path to a config.json)"),
+    (_with("--shape", "nowhere/config.json"), "nowhere/config.json: cannot read"),
+    (_with("--context", "4096,1024"), "--context must be positive, strictly increasing integers, got 4096,1024"),
+    (_with("--tokens-per-request", "0,4"), "--tokens-per-request must be positive"),
+    (_with("--tokens-per-request", "1,x"), "--tokens-per-request takes comma-separated integers"),
+    (_with("--draft-layers", "0"), "--draft-layers must be at least 1"),
     (_with("--batch-sizes", "4,2"), "--batch-sizes must be at least two positive, strictly increasing"),
     (_with("--batch-sizes", "8"), "--batch-sizes must be at least two"),
     (_with("--batch-sizes", "0,1"), "--batch-sizes must be at least two positive"),
@@ -304,7 +313,7 @@ BAD = [
     (_with("--num-steps", "1"), "--accept-length must be in (1, 2] for --num-steps 1"),
     (_with("--num-steps", "0"), "--num-steps must be at least 1"),
     (_with("--draft-vocab", "1000"), "--draft-vocab 1000 exceeds the tiny vocabulary (512)"),
-    (_with("--context-len", "0"), "--context-len must be at least 1"),
+    (_with("--context", "0"), "--context must be positive"),
     (_with("--dtype", "int8"), "--dtype must be one of bfloat16, float16, float32"),
     (_with("--device", "tpu"), "--device must be cuda, cuda:N or cpu"),
 ]
@@ -329,3 +338,100 @@ def test_no_cuda_is_one_line(tmp_path, capsys):
     assert main(_with("--device", "cuda") + ["--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert err == "dynspec calibrate: no CUDA device: torch.cuda.is_available() is False (use --device cpu)\n"
+
+
+# --shape: a Hugging Face config.json ------------------------------------------------
+
+
+LLAMA_8B_CONFIG = {  # the fields of meta-llama/Llama-3.1-8B's config.json that set the shapes
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+
+
+def test_hf_config_gives_the_presets_shapes(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_8B_CONFIG))
+    assert cal.resolve_shape(str(path)) == cal.PRESETS["llama-3.1-8b"]
+    nested = {"text_config": {**LLAMA_8B_CONFIG, "head_dim": 96, "num_key_value_heads": None}}
+    path.write_text(json.dumps(nested))
+    dims = cal.resolve_shape(str(path))
+    assert dims.head_dim == 96 and dims.kv_heads == 32 and dims.hidden == 4096  # explicit head_dim; MHA
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "a config.json is a JSON object"),
+    (json.dumps({k: v for k, v in LLAMA_8B_CONFIG.items() if k not in ("vocab_size", "hidden_size")}),
+     "missing or not an integer: hidden_size, vocab_size"),
+    (json.dumps({**LLAMA_8B_CONFIG, "num_local_experts": 8}), "a mixture-of-experts model"),
+    (json.dumps({**LLAMA_8B_CONFIG, "num_key_value_heads": 5}), "must split into kv_heads groups"),
+])
+def test_bad_hf_config_is_one_line_naming_the_file(tmp_path, capsys, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    assert main(_with("--shape", str(path)) + ["--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dynspec calibrate: ") and message in err and err.count("\n") == 1
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_cli_on_a_config_json_and_two_contexts(tmp_path, capsys):
+    config = tmp_path / "tiny-model" / "config.json"
+    config.parent.mkdir()
+    d = cal.PRESETS["tiny"]
+    config.write_text(json.dumps({"hidden_size": d.hidden, "num_hidden_layers": d.layers, "num_attention_heads": d.heads,
+                                  "num_key_value_heads": d.kv_heads, "intermediate_size": d.intermediate,
+                                  "vocab_size": d.vocab}))
+    out = tmp_path / "two.yaml"
+    argv = _with("--shape", str(config))
+    argv[argv.index("--context") + 1] = "24,40"
+    assert main(argv + ["--tokens-per-request", "2,4", "--draft-layers", "2", "--out", str(out)]) == 0
+    p = load_profile(out)
+    assert [t.context_len for t in p.steps] == [24, 40] and p.context_aware
+    assert all(sorted(t.forward_ms) == [1, 2, 4] for t in p.steps)
+    assert "tiny-model shapes" in p.provenance.source and "2 layer(s)" in p.model
+    assert p.provenance.date and len(p.provenance.date) == 10
+    printed = capsys.readouterr().out
+    assert "context 24:" in printed and "context 40:" in printed and "accept length 2.5:" in printed
+
+
+def test_forward_of_q_tokens_is_the_targets_greedy_choice_at_each(target):
+    draft = cal.DraftHead(target, draft_vocab=100)
+    cache = target.new_cache(2, 64)
+    cache.fill_random(torch.Generator().manual_seed(8))
+    steps = cal.StepSet(target, draft, cache, draft.new_cache(2, 64), bs=2, context_len=30, num_steps=3, max_q=8)
+    before = cal.KVCache([k.clone() for k in cache.k], [v.clone() for v in cache.v])
+    steps.forward_fn(4)()
+    h, _ = target.forward(steps.tok_q[:, :4], before, 30)
+    assert torch.equal(steps.out_q[:, :4], target.logits(h).argmax(-1))
+    assert steps.forward_fn(1) == steps.plain
+
+
+def test_a_deeper_draft_head_keeps_a_cache_per_layer_and_extends_as_it_decodes(target):
+    draft = cal.DraftHead(target, draft_vocab=100, seed=1, layers=3)
+    assert draft.n_layers == 3 and len(draft.new_cache(1, 8).k) == 3
+    g = torch.Generator().manual_seed(9)
+    tokens = torch.randint(0, DIMS.vocab, (2, 4), generator=g)
+    hidden3 = torch.randn(2, 4, 3 * DIMS.hidden, generator=g, dtype=F64)
+    a, b = draft.new_cache(2, 64), draft.new_cache(2, 64)
+    hn, _ = draft.forward(tokens, hidden3, a, 0)
+    for i in range(4):
+        hn_i, _ = draft.forward(tokens[:, i:i + 1], hidden3[:, i:i + 1], b, i)
+        assert torch.allclose(hn[:, i:i + 1], hn_i, atol=1e-9)
+    one = cal.DraftHead(target, draft_vocab=100, seed=1, layers=1)
+    assert not torch.allclose(one.forward(tokens, hidden3, one.new_cache(2, 64), 0)[0], hn)  # the layers count
+
+
+def test_batches_whose_cache_does_not_fit_are_left_out():
+    """fitting_batch counts the target's and the draft's KV cache at the context, plus the step's
+    activations and 4 GiB spare: exactly enough memory for 192 requests at 4096 gives 192."""
+    cfg = cal.CalibrateConfig(shape="llama-3.1-8b", name="x", out=cal.Path("x.yaml"), contexts=(1024, 4096))
+    per_token = 2 * (32 + 1) * 8 * 128 * 2  # k and v, 32 target layers + 1 draft layer, 8 kv heads x 128, bf16
+    acts = 8 * (128256 * (2 + 4) + 4 * 14336 * 2)  # 8 tokens (q=8): logits + a float copy, the MLP's
+    need = 192 * (per_token * (4096 + 8 + 4) + acts) + 4 * 2**30
+    assert cal.fitting_batch(cfg, 4096, need) == 192
+    assert cal.fitting_batch(cfg, 4096, need - 1) == 160
+    assert cal.fitting_batch(cfg, 1024, need) == 256  # a shorter context fits more
+    assert cal.fitting_batch(cfg, 4096, 2**30) == 0

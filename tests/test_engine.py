@@ -186,3 +186,31 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="out of reach.*concentration"):
         solve_mean_rate(5.95, 0.5, 5)  # requests so unlike that the mean cannot get there
     assert math.isnan(Engine(p, None).stats.accept_length)
+
+
+def test_step_times_follow_the_batchs_context_when_the_profile_has_several():
+    """Two tables, 10 ms at context 1000 and 30 ms at 3000 (any batch): a batch whose requests hold
+    about 2000 tokens steps in about 20 ms, and one past 3000 is flagged as extrapolated."""
+    tables = [{"context_len": c, "batch_size": [1, 64], "plain_ms": [ms, ms], "spec_ms": [2 * ms, 2 * ms]}
+              for c, ms in ((1000, 10.0), (3000, 30.0))]
+    p = make_profile(steps=tables)
+    eng = Engine(p, None)
+    eng.submit(1990, 40)
+    eng.submit(2010, 40)
+    decode = [s for s in run(eng) if s.kind == "decode"]
+    # mean context of the first decode step: (1991 + 2011) / 2 = 2001, rounded to 16 tokens -> 2000;
+    # of the last, with 39 tokens generated each: (2029 + 2049) / 2 = 2039 -> 2032
+    assert decode[0].duration == pytest.approx(0.020, abs=1e-4)
+    assert decode[-1].duration == pytest.approx(0.02032, abs=1e-6) and not decode[0].extrapolated
+    eng = Engine(p, None)
+    eng.submit(3500, 3)
+    decode = [s for s in run(eng) if s.kind == "decode"]
+    assert decode[0].extrapolated and decode[0].duration == pytest.approx(0.010 + 0.020 * 2501 / 2000, rel=1e-2)
+    # a one-table profile ignores the context: the same step time at any prompt length
+    one = make_profile()
+    times = []
+    for n in (100, 5000):
+        eng = Engine(one, None)
+        eng.submit(n, 2)
+        times.append([s.duration for s in run(eng) if s.kind == "decode"][0])
+    assert times[0] == times[1] == pytest.approx(one.plain_time(1))

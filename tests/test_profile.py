@@ -99,3 +99,49 @@ def test_shipped_profiles_load(name):
     assert p.provenance.source
     for bs in (1, 8, 64, 128):
         assert p.plain_time(bs) > 0 and p.spec_time(bs) > 0
+
+
+def _tables(*specs):
+    return [{"context_len": c, "batch_size": [1, 64], "plain_ms": list(p), "spec_ms": list(s)} for c, p, s in specs]
+
+
+def test_several_context_tables_interpolate_linearly_in_the_context(tmp_path):
+    d = profile_dict()
+    d["steps"] = _tables((1024, (10, 20), (15, 40)), (4096, (16, 50), (20, 70)))
+    p = load_profile(write(tmp_path, d))
+    assert p.context_aware and [t.context_len for t in p.steps] == [1024, 4096]
+    assert p.plain_time(1) == pytest.approx(0.010)  # no context: the first table
+    assert p.plain_time(1, 1024) == pytest.approx(0.010) and p.plain_time(1, 4096) == pytest.approx(0.016)
+    assert p.plain_time(1, 2560) == pytest.approx(0.013)  # halfway
+    assert p.spec_time(64, 2560) == pytest.approx(0.055)
+    assert p.plain_time(64, 7168) == pytest.approx(0.080)  # beyond: the same line extended
+    assert p.extrapolates(8, 7168) and p.extrapolates(8, 512) and not p.extrapolates(8, 2000)
+    assert p.extrapolates(128, 2000) and not p.extrapolates(8)
+
+
+@pytest.mark.parametrize("steps,message", [
+    (_tables((1024, (10, 20), (15, 40)), (1024, (16, 50), (20, 70))), "context_len, strictly increasing"),
+    ([{"batch_size": [1, 64], "plain_ms": [1, 2], "spec_ms": [2, 3]}] * 2, "several tables need each a context_len"),
+    ([], "steps: List should have at least 1 item"),
+    ({"batch_size": [1, 64], "plain_ms": [1, 2], "spec_ms": [2, 3], "forward_ms": {2: [1.0]}},
+     "forward_ms[2] must hold 2 positive times"),
+])
+def test_bad_context_tables_are_refused(tmp_path, steps, message):
+    d = profile_dict()
+    d["steps"] = steps
+    with pytest.raises(ProfileError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_profile(write(tmp_path, d))
+
+
+def test_crossover_batch_is_where_accept_length_plain_steps_cost_a_speculative_one():
+    # spec/plain rises from 1.2 at batch 1 to 3.0 at batch 64 (linear in each time)
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [12, 60]}
+    p = parse_profile(d)
+    for al in (1.5, 2.0, 2.5):
+        b = p.crossover_batch(al)
+        assert al * p.plain_time(b) <= p.spec_time(b) and al * p.plain_time(b - 1) > p.spec_time(b - 1)
+    assert p.crossover_batch(1.1) == 1  # never pays
+    assert p.crossover_batch(3.5) is None  # pays at every measured batch size
+    assert p.crossover_batch() == p.crossover_batch(p.acceptance.accept_length)
+    assert p.crossover_batch(3.5, up_to=1000) > 64  # found on the extended last segment

@@ -138,7 +138,7 @@ assumptions: ["made up"]
     assert main(["fit", str(spec_path), "--out", str(out)]) == 0
     loaded = load_profile(out)
     assert loaded.provenance.command == f"dynspec fit {spec_path} --out {out}"
-    assert loaded.steps.batch_size == [1, 4]
+    assert loaded.steps[0].batch_size == [1, 4]
 
 
 def test_fit_spec_errors_name_the_problem(tmp_path):

@@ -1,26 +1,28 @@
 """`dynspec calibrate`: measure a step-cost profile on this machine's GPU.
 
 What a decode step costs depends on the model's shapes, not its weight values, so the
-steps are timed on a Llama-style decoder of the real architecture with random weights
-(plain torch: RMSNorm, RoPE, GQA attention over a preallocated KV cache with
-scaled_dot_product_attention, SwiGLU MLP, lm_head) and an EAGLE-3 draft head (an fc
-fusing three target hidden states, one decoder layer over [embedding, hidden], a
-smaller-vocabulary lm_head).  Per batch size, at a fixed context length, each piece of
-a step is captured in a CUDA graph (SGLang replays graphs for decode) and timed with
-CUDA events: the median of N replays after warm-up.
+steps are timed on a Llama-style decoder of the real architecture (a preset, or any dense
+Hugging Face config.json) with random weights: plain torch RMSNorm, RoPE, GQA attention over
+a preallocated KV cache with scaled_dot_product_attention (the query heads of one kv head
+grouped into rows, as decode kernels do), SwiGLU MLP, lm_head; and an EAGLE-3 draft head (an
+fc fusing three target hidden states, a decoder layer over [embedding, hidden], a
+smaller-vocabulary lm_head).  Per context length and batch size, each piece is captured in a
+CUDA graph (SGLang replays graphs for decode) and timed with CUDA events: the median of N
+replays after warm-up.
 
-    plain   target forward of 1 token per request + greedy argmax
-    verify  target forward of num_steps+1 tokens per request (topk 1) + argmax + acceptance compare
-    draft   num_steps-1 single-token draft-head forwards (the first draft token comes from
-            the draft-extend's logits, as SGLang's EAGLE workers do) + top-1 each
-    extend  one draft-head forward over num_steps+1 tokens per request (SGLang's spec-v2
-            worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted
+    plain    target forward of 1 token per request + greedy argmax
+    verify   target forward of num_steps+1 tokens per request (topk 1) + argmax + acceptance compare
+    draft    num_steps-1 single-token draft-head forwards (the first draft token comes from
+             the draft-extend's logits, as SGLang's EAGLE workers do) + top-1 each
+    extend   one draft-head forward over num_steps+1 tokens per request (SGLang's spec-v2
+             worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted
+    forward  target forward of q tokens per request, for each --tokens-per-request: the curve
+             that shows where verifying turns compute-bound
 
-Acceptance is not measurable with random weights: --accept-length is required and is
-recorded as an assumption.  On CPU it runs too (no graphs, wall-clock times), which is
-what the tests use.
+Acceptance is not measurable with random weights: --accept-length (default 2.5) is recorded as
+an assumption.  On CPU it runs too (no graphs, wall-clock times), which is what the tests use.
 
-    dynspec calibrate --preset llama-3.1-8b --accept-length 2.5 --name NAME --out NAME.yaml
+    dynspec calibrate --shape llama-3.1-8b --context 1024,4096 --name NAME --out NAME.yaml
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ F = None
 
 DTYPES = ("bfloat16", "float16", "float32")
 STEP_KINDS = ("plain", "draft", "verify", "extend")
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 class CalibrateError(ValueError):
@@ -64,16 +66,18 @@ class ModelDims:
     vocab: int
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
+    head_dim: int = 0  # 0: hidden // heads (most Llama-style configs leave it out)
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) < 1:
             raise CalibrateError("model dimensions must be positive")
-        if self.hidden % self.heads or self.heads % self.kv_heads or (self.hidden // self.heads) % 2:
-            raise CalibrateError("hidden must split into heads of even size, and heads into kv_heads groups")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+        if not self.head_dim:
+            if self.hidden % self.heads:
+                raise CalibrateError(f"hidden {self.hidden} does not split into {self.heads} heads")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.head_dim % 2 or self.heads % self.kv_heads:
+            raise CalibrateError(f"heads need an even head_dim (got {self.head_dim}) and must split into kv_heads "
+                                 f"groups (got {self.heads} heads, {self.kv_heads} kv heads)")
 
     @property
     def group(self) -> int:
@@ -85,9 +89,12 @@ class ModelDims:
         n = self.layers
         return tuple(min(max(i, 0), n - 1) for i in (2, n // 2, n - 3))
 
+    def kv_bytes_per_token(self, layers: int, dtype_bytes: int) -> int:
+        return 2 * layers * self.kv_heads * self.head_dim * dtype_bytes
+
     def describe(self) -> str:
         return (f"hidden {self.hidden}, layers {self.layers}, heads {self.heads}, kv heads {self.kv_heads}, "
-                f"intermediate {self.intermediate}, vocab {self.vocab}")
+                f"head dim {self.head_dim}, intermediate {self.intermediate}, vocab {self.vocab}")
 
 
 PRESETS = {
@@ -95,16 +102,54 @@ PRESETS = {
     "tiny": ModelDims(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=128, vocab=512),  # tests, CPU
 }
 
+# A Hugging Face config.json's keys -> ModelDims fields (the Llama family's names).
+_HF_KEYS = {"hidden_size": "hidden", "num_hidden_layers": "layers", "num_attention_heads": "heads",
+            "intermediate_size": "intermediate", "vocab_size": "vocab"}
+_HF_OPTIONAL = {"num_key_value_heads": "kv_heads", "rope_theta": "rope_theta", "rms_norm_eps": "norm_eps",
+                "head_dim": "head_dim"}
+
+
+def dims_from_hf_config(path: Path) -> ModelDims:
+    """A dense decoder's shapes from its Hugging Face config.json (nothing downloaded)."""
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as exc:
+        raise CalibrateError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrateError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise CalibrateError(f"{path}: a config.json is a JSON object")
+    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    if any(k in cfg for k in ("num_local_experts", "n_routed_experts", "num_experts")):
+        raise CalibrateError(f"{path}: a mixture-of-experts model; calibrate builds dense Llama-style decoders only")
+    missing = [k for k in _HF_KEYS if not isinstance(cfg.get(k), int)]
+    if missing:
+        raise CalibrateError(f"{path}: missing or not an integer: {', '.join(missing)}")
+    kw = {field: cfg[key] for key, field in _HF_KEYS.items()}
+    kw.update({field: cfg[key] for key, field in _HF_OPTIONAL.items() if cfg.get(key) is not None})
+    kw.setdefault("kv_heads", kw["heads"])
+    return ModelDims(**kw)
+
+
+def resolve_shape(shape: str) -> ModelDims:
+    if shape in PRESETS:
+        return PRESETS[shape]
+    if shape.endswith(".json") or Path(shape).exists():
+        return dims_from_hf_config(Path(shape))
+    raise CalibrateError(f"unknown --shape {shape!r} (a preset: {', '.join(PRESETS)}; or a path to a config.json)")
+
 
 @dataclass(frozen=True)
 class CalibrateConfig:
-    preset: str
-    accept_length: float
+    shape: str
     name: str
     out: Path
+    accept_length: float = 2.5
     draft_vocab: int = 32000
+    draft_layers: int = 1
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    context_len: int = 1280
+    contexts: tuple[int, ...] = (1024,)
+    tokens_per_request: tuple[int, ...] = (1, 2, 4, 8)
     input_len: int = 1024
     num_steps: int = 3
     concentration: float = 10.0
@@ -115,28 +160,26 @@ class CalibrateConfig:
     cuda_graphs: bool = True
     seed: int = 0
     raw_out: Path | None = None
-    dims: ModelDims = field(init=False)
+    dims: ModelDims = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise CalibrateError(f"unknown preset {self.preset!r} (known: {', '.join(PRESETS)})")
-        object.__setattr__(self, "dims", PRESETS[self.preset])
         bs = self.batch_sizes
         if len(bs) < 2 or any(b < 1 for b in bs) or any(a >= b for a, b in zip(bs, bs[1:])):
             raise CalibrateError(f"--batch-sizes must be at least two positive, strictly increasing integers, "
                                  f"got {','.join(map(str, bs))}")
+        for key, values in (("context", self.contexts), ("tokens-per-request", self.tokens_per_request)):
+            if not values or any(v < 1 for v in values) or any(a >= b for a, b in zip(values, values[1:])):
+                raise CalibrateError(f"--{key} must be positive, strictly increasing integers, "
+                                     f"got {','.join(map(str, values))}")
         if self.num_steps < 1:
             raise CalibrateError(f"--num-steps must be at least 1, got {self.num_steps}")
         if not (1.0 < self.accept_length <= 1 + self.num_steps):
             raise CalibrateError(f"--accept-length must be in (1, {1 + self.num_steps}] for --num-steps "
                                  f"{self.num_steps} (tokens per request per verify, bonus included), "
                                  f"got {self.accept_length:g}")
-        for key in ("draft_vocab", "context_len", "input_len", "repeats"):
+        for key in ("draft_vocab", "draft_layers", "input_len", "repeats"):
             if getattr(self, key) < 1:
                 raise CalibrateError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(self, key)}")
-        if self.draft_vocab > self.dims.vocab:
-            raise CalibrateError(f"--draft-vocab {self.draft_vocab} exceeds the {self.preset} vocabulary "
-                                 f"({self.dims.vocab})")
         if self.warmup < 0:
             raise CalibrateError(f"--warmup must be at least 0, got {self.warmup}")
         if not self.concentration > 0:
@@ -149,6 +192,23 @@ class CalibrateConfig:
             raise CalibrateError("--name must not be empty")
         if self.out.suffix not in (".yaml", ".yml"):
             raise CalibrateError(f"{self.out}: a profile is written as .yaml")
+        object.__setattr__(self, "dims", resolve_shape(self.shape))
+        if self.draft_vocab > self.dims.vocab:
+            raise CalibrateError(f"--draft-vocab {self.draft_vocab} exceeds the {self.shape_name} vocabulary "
+                                 f"({self.dims.vocab})")
+
+    @property
+    def shape_name(self) -> str:
+        return self.shape if self.shape in PRESETS else Path(self.shape).parent.name or Path(self.shape).stem
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.num_steps + 1
+
+    @property
+    def forward_tokens(self) -> tuple[int, ...]:
+        """The q of every target-forward timing: the requested curve, plus 1 (the plain step)."""
+        return tuple(sorted({1, *self.tokens_per_request}))
 
     @property
     def raw_path(self) -> Path:
@@ -156,8 +216,11 @@ class CalibrateConfig:
 
     def command(self) -> str:
         """The command line that reproduces this run, every setting explicit."""
-        parts = ["dynspec", "calibrate", "--preset", self.preset, "--draft-vocab", str(self.draft_vocab),
-                 "--batch-sizes", ",".join(map(str, self.batch_sizes)), "--context-len", str(self.context_len),
+        def csv(xs):
+            return ",".join(map(str, xs))
+        parts = ["dynspec", "calibrate", "--shape", self.shape, "--draft-vocab", str(self.draft_vocab),
+                 "--draft-layers", str(self.draft_layers), "--batch-sizes", csv(self.batch_sizes),
+                 "--context", csv(self.contexts), "--tokens-per-request", csv(self.tokens_per_request),
                  "--input-len", str(self.input_len), "--num-steps", str(self.num_steps),
                  "--accept-length", f"{self.accept_length:g}", "--concentration", f"{self.concentration:g}",
                  "--repeats", str(self.repeats), "--warmup", str(self.warmup), "--dtype", self.dtype,
@@ -170,11 +233,11 @@ class CalibrateConfig:
         return shlex.join(parts)
 
 
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
+def parse_ints(text: str, option: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise CalibrateError(f"--batch-sizes takes comma-separated integers, got {text!r}") from None
+        raise CalibrateError(f"{option} takes comma-separated integers, got {text!r}") from None
 
 
 # ------------------------------------------------------------------- the model (torch)
@@ -343,9 +406,10 @@ class TargetModel:
 
 
 class DraftHead:
-    """EAGLE-3's draft model: fc(3 target hidden states) + one decoder layer over [embedding, hidden] + lm_head."""
+    """EAGLE-3's draft model: fc(3 target hidden states) + a decoder layer over [embedding, hidden]
+    (+ more plain decoder layers when asked for) + a smaller-vocabulary lm_head."""
 
-    def __init__(self, target: TargetModel, draft_vocab: int, seed: int = 1):
+    def __init__(self, target: TargetModel, draft_vocab: int, seed: int = 1, layers: int = 1):
         dims, dtype, device = target.dims, target.dtype, target.device
         gen = torch.Generator(device=device).manual_seed(seed)
         self.dims, self.dtype, self.device, self.rope = dims, dtype, device, target.rope
@@ -353,13 +417,18 @@ class DraftHead:
         self.fc = _rand(gen, (dims.hidden, 3 * dims.hidden), (3 * dims.hidden) ** -0.5, dtype, device)
         self.ln_hidden = _norm_weight(gen, dims.hidden, dtype, device)
         self.layer = Layer(dims, 2 * dims.hidden, gen, dtype, device)  # its qkv reads [embedding, hidden]
+        self.more = [Layer(dims, dims.hidden, gen, dtype, device) for _ in range(layers - 1)]
         self.norm = _norm_weight(gen, dims.hidden, dtype, device)
         self.lm_head = _rand(gen, (draft_vocab, dims.hidden), dims.hidden ** -0.5, dtype, device)
         # The draft vocabulary's target token ids (SGLang's hot-token map).
         self.hot_ids = torch.randperm(dims.vocab, generator=gen, device=device)[:draft_vocab]
 
+    @property
+    def n_layers(self) -> int:
+        return 1 + len(self.more)
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache.empty(1, self.dims, batch, max_len, self.dtype, self.device)
+        return KVCache.empty(self.n_layers, self.dims, batch, max_len, self.dtype, self.device)
 
     def forward(self, tokens, hidden, cache: KVCache, pos: int):
         """tokens [B, T], hidden [B, T, 3H] (target's) or [B, T, H] (own) -> (normed, pre-norm hidden)."""
@@ -370,6 +439,9 @@ class DraftHead:
                        rms_norm(hidden, self.ln_hidden, eps)], -1)
         r = hidden + self.layer.attention(x, cache.k[0], cache.v[0], pos, self.rope)
         out = r + self.layer.mlp(rms_norm(r, self.layer.ln_mlp, eps))
+        for i, layer in enumerate(self.more, 1):
+            out = out + layer.attention(rms_norm(out, layer.ln_attn, eps), cache.k[i], cache.v[i], pos, self.rope)
+            out = out + layer.mlp(rms_norm(out, layer.ln_mlp, eps))
         return rms_norm(out, self.norm, eps), out
 
     def logits(self, h):
@@ -377,7 +449,7 @@ class DraftHead:
 
 
 class StepSet:
-    """The four pieces of one speculative step and the plain step at one batch size.
+    """The pieces of one speculative step, and target forwards of q tokens, at one batch size.
 
     Inputs and outputs are static tensors and positions are fixed (the context length), so
     every method can be captured in a CUDA graph and replayed: each replay rewrites the same
@@ -385,7 +457,7 @@ class StepSet:
     """
 
     def __init__(self, target: TargetModel, draft: DraftHead, tcache: KVCache, dcache: KVCache,
-                 bs: int, context_len: int, num_steps: int, seed: int = 2):
+                 bs: int, context_len: int, num_steps: int, seed: int = 2, max_q: int = 1):
         dev, dims = target.device, target.dims
         gen = torch.Generator(device=dev).manual_seed(seed)
         t = num_steps + 1
@@ -394,10 +466,12 @@ class StepSet:
         self.rows = torch.arange(bs, device=dev)
         self.tok1 = torch.randint(0, dims.vocab, (bs, 1), generator=gen, device=dev)
         self.tokens = torch.randint(0, dims.vocab, (bs, t), generator=gen, device=dev)  # last token + drafts
+        self.tok_q = torch.randint(0, dims.vocab, (bs, max(max_q, 1)), generator=gen, device=dev)
         self.hidden1 = torch.randn((bs, 1, dims.hidden), generator=gen, device=dev).to(target.dtype)
         self.aux = torch.randn((bs, t, 3 * dims.hidden), generator=gen, device=dev).to(target.dtype)
         self.last_accepted = torch.randint(0, t, (bs,), generator=gen, device=dev)
         self.out_token = torch.zeros(bs, dtype=torch.long, device=dev)
+        self.out_q = torch.zeros((bs, max(max_q, 1)), dtype=torch.long, device=dev)
         self.out_accept = torch.zeros(bs, dtype=torch.long, device=dev)
         self.out_aux = torch.zeros_like(self.aux)
         self.out_drafts = torch.zeros((bs, max(num_steps - 1, 1)), dtype=torch.long, device=dev)
@@ -406,6 +480,16 @@ class StepSet:
     def plain(self) -> None:
         h, _ = self.target.forward(self.tok1, self.tcache, self.ctx)
         self.out_token.copy_(self.target.logits(h)[:, -1].argmax(-1))
+
+    def forward_fn(self, q: int) -> Callable[[], None]:
+        """The target's forward of q tokens per request + greedy argmax at each (q = 1: the plain step)."""
+        if q == 1:
+            return self.plain
+
+        def forward() -> None:
+            h, _ = self.target.forward(self.tok_q[:, :q], self.tcache, self.ctx)
+            self.out_q[:, :q].copy_(self.target.logits(h).argmax(-1))
+        return forward
 
     def verify(self) -> None:
         h, aux = self.target.forward(self.tokens, self.tcache, self.ctx, aux=True)
@@ -483,12 +567,13 @@ def time_ms(fn: Callable[[], None], *, repeats: int, warmup: int, device, graphs
     return [s.elapsed_time(e) for s, e in zip(starts, ends)], how
 
 
-def check_attention(dims: ModelDims, dtype, device, context_len: int, t: int, seed: int = 0) -> dict[int, float]:
+def check_attention(dims: ModelDims, dtype, device, context_len: int, queries, seed: int = 0) -> dict[int, float]:
     """Relative error of the attention as timed (fused kernels on CUDA) against a plain float32
-    computation (kv heads repeated, explicit causal mask) on the same inputs, for 1 and t queries."""
+    computation (kv heads repeated, explicit causal mask) on the same inputs, for 1 and each
+    number of queries per request in `queries`."""
     gen = torch.Generator(device=device).manual_seed(seed)
     errors = {}
-    for n in sorted({1, t}):
+    for n in sorted({1, *queries}):
         q = torch.randn((2, n, dims.heads, dims.head_dim), generator=gen, device=device).to(dtype)
         k, v = (torch.randn((2, dims.kv_heads, context_len + n, dims.head_dim), generator=gen, device=device).to(dtype)
                 for _ in range(2))
@@ -522,61 +607,116 @@ def _environment(device) -> dict:
     return env
 
 
+def fitting_batch(cfg: CalibrateConfig, context: int, free_bytes: int) -> int:
+    """The largest batch size whose KV caches (target and draft, contiguous) and step activations
+    fit in free_bytes at this context, keeping 4 GiB spare for CUDA graphs and the allocator."""
+    dims, elem = cfg.dims, getattr(torch, cfg.dtype).itemsize
+    per_token = dims.kv_bytes_per_token(dims.layers + cfg.draft_layers, elem)
+    tokens = max(cfg.forward_tokens[-1], cfg.verify_tokens)
+    # Per request: its cache, plus the largest activations (logits and a float copy, the MLP's).
+    per_request = per_token * _max_len(cfg, context) + tokens * (dims.vocab * (elem + 4) + 4 * dims.intermediate * elem)
+    fits = [bs for bs in cfg.batch_sizes if bs * per_request + 4 * 2**30 <= free_bytes]
+    return fits[-1] if fits else 0
+
+
+def _max_len(cfg: CalibrateConfig, context: int) -> int:
+    # Steps write at context..: q tokens, the verify's num_steps+1, the draft chain's after them.
+    return context + max(cfg.forward_tokens[-1], cfg.verify_tokens) + cfg.verify_tokens
+
+
+def _step_pieces(cfg: CalibrateConfig, steps: StepSet) -> list[tuple[str, Callable[[], None] | None]]:
+    """(kind, function) for every timing at one point; None: nothing to time."""
+    pieces = [("plain", steps.plain), ("draft", steps.draft_chain if cfg.num_steps > 1 else None),
+              ("verify", steps.verify), ("extend", steps.extend)]
+    return pieces + [(f"forward_q{q}", steps.forward_fn(q)) for q in cfg.forward_tokens if q > 1]
+
+
+def _time_point(cfg: CalibrateConfig, steps: StepSet, device, graphs: bool, bar) -> dict:
+    """Every piece at one (context, batch size): {kind: {"ms": [...], "how": ...}}."""
+    row: dict = {}
+    for kind, fn in _step_pieces(cfg, steps):
+        if fn is None:
+            row[kind] = {"ms": [0.0], "how": "none (num_steps 1: no draft forward)"}
+        else:
+            ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs)
+            row[kind] = {"ms": ms, "how": how}
+        bar.update()
+    med = {k: statistics.median(v["ms"]) for k, v in row.items()}
+    bar.write(f"context {steps.ctx} bs {steps.bs:4d}: plain {med['plain']:8.3f}  draft {med['draft']:8.3f}  "
+              f"verify {med['verify']:8.3f}  extend {med['extend']:8.3f} ms", file=sys.stderr)
+    return row
+
+
 def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m: None) -> dict:
-    """Time every step piece at every batch size, and a prefill; return the raw timings."""
+    """Time every step piece at every (context, batch size), and a prefill; return the raw timings."""
+    from tqdm import tqdm
+
     _require_torch()
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
     dtype = getattr(torch, cfg.dtype)
-    dims, t = cfg.dims, cfg.num_steps + 1
-    max_len = max(cfg.context_len + 2 * t, cfg.input_len)
+    dims, t = cfg.dims, cfg.verify_tokens
     graphs = cfg.cuda_graphs and device.type == "cuda"
     t_start = time.perf_counter()
     raw: dict = {"config": {**asdict(cfg), "out": str(cfg.out), "raw_out": str(cfg.raw_path),
                             "dims": asdict(dims)},
-                 "command": cfg.command(), "environment": _environment(device), "steps": {}, "prefill": {}}
+                 "command": cfg.command(), "environment": _environment(device),
+                 "steps": {}, "skipped": {}, "prefill": {}}
     with torch.inference_mode():
-        target = TargetModel(dims, dtype, device, max_len, seed=cfg.seed)
-        draft = DraftHead(target, cfg.draft_vocab, seed=cfg.seed + 1)
+        target = TargetModel(dims, dtype, device, max(_max_len(cfg, cfg.contexts[-1]), cfg.input_len), seed=cfg.seed)
+        draft = DraftHead(target, cfg.draft_vocab, seed=cfg.seed + 1, layers=cfg.draft_layers)
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 3)
-        tcache = target.new_cache(cfg.batch_sizes[-1], max_len)
-        dcache = draft.new_cache(cfg.batch_sizes[-1], max_len)
-        tcache.fill_random(gen)
-        dcache.fill_random(gen)
-        errors = check_attention(dims, dtype, device, cfg.context_len, t, seed=cfg.seed + 4)
+        errors = check_attention(dims, dtype, device, cfg.contexts[0], sorted({t, *cfg.forward_tokens}),
+                                 seed=cfg.seed + 4)
         raw["attention_check_rel_err"] = errors
         log("attention self-check (rel. error vs float32 reference): "
             + ", ".join(f"{n} quer{'y' if n == 1 else 'ies'} {e:.1e}" for n, e in errors.items()))
         if not all(e < 3e-2 for e in errors.values()):  # bf16 gave 2.2e-3 on an H200; more is a wrong result
             raise CalibrateError(f"attention self-check failed: relative errors {errors}")
-        log(f"model and KV cache ready ({time.perf_counter() - t_start:.1f} s); timing "
-            f"{'CUDA-graph replays' if graphs else 'eager calls'}, median of {cfg.repeats}")
-        if device.type == "cuda":  # bring the clocks up before the first timed point
-            warm = StepSet(target, draft, tcache, dcache, cfg.batch_sizes[-1], cfg.context_len, cfg.num_steps)
-            t_warm = time.perf_counter()
-            while time.perf_counter() - t_warm < 3.0:
-                warm.plain()
-                torch.cuda.synchronize()
-            del warm
-        for bs in cfg.batch_sizes:
-            steps = StepSet(target, draft, tcache, dcache, bs, cfg.context_len, cfg.num_steps, seed=cfg.seed + 2)
-            row: dict = {}
-            for kind, fn in (("plain", steps.plain), ("draft", steps.draft_chain),
-                             ("verify", steps.verify), ("extend", steps.extend)):
-                if kind == "draft" and cfg.num_steps == 1:
-                    row[kind] = {"ms": [0.0], "how": "none (num_steps 1: no draft forward)"}
-                    continue
-                ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs)
-                row[kind] = {"ms": ms, "how": how}
-            raw["steps"][bs] = row
-            med = {k: statistics.median(v["ms"]) for k, v in row.items()}
-            log(f"bs {bs:4d}: plain {med['plain']:8.3f}  draft {med['draft']:8.3f}  verify {med['verify']:8.3f}  "
-                f"extend {med['extend']:8.3f} ms")
-            del steps
-        for k in prefill_prompts(cfg):
+        n_pieces = 4 + len(cfg.forward_tokens) - 1  # plain, draft, verify, extend, forward at q > 1
+        bar = tqdm(total=len(cfg.contexts) * len(cfg.batch_sizes) * n_pieces, desc="calibrate", unit="point",
+                   disable=None, file=sys.stderr)
+        for ctx in cfg.contexts:
+            # What fits is decided now, with the previous context's caches freed.
+            top = fitting_batch(cfg, ctx, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" \
+                else cfg.batch_sizes[-1]
+            sizes = [bs for bs in cfg.batch_sizes if bs <= top]
+            skipped = [bs for bs in cfg.batch_sizes if bs > top]
+            if len(sizes) < 2:
+                raise CalibrateError(f"context {ctx}: the KV cache of fewer than two of the batch sizes fits in "
+                                     f"this GPU's free memory")
+            if skipped:
+                raw["skipped"][ctx] = skipped
+                bar.total -= len(skipped) * n_pieces
+                bar.refresh()
+                log(f"context {ctx}: batch sizes {','.join(map(str, skipped))} do not fit in this GPU's memory "
+                    f"(contiguous KV cache); the profile extends the last measured segment beyond {top}")
+            max_len = _max_len(cfg, ctx)
+            tcache = target.new_cache(sizes[-1], max_len)
+            dcache = draft.new_cache(sizes[-1], max_len)
+            tcache.fill_random(gen)
+            dcache.fill_random(gen)
+            if device.type == "cuda":  # bring the clocks up before the first timed point
+                warm = StepSet(target, draft, tcache, dcache, sizes[-1], ctx, cfg.num_steps)
+                t_warm = time.perf_counter()
+                while time.perf_counter() - t_warm < 3.0:
+                    warm.plain()
+                    torch.cuda.synchronize()
+                del warm
+            raw["steps"][ctx] = {bs: _time_point(cfg, StepSet(target, draft, tcache, dcache, bs, ctx, cfg.num_steps,
+                                                              seed=cfg.seed + 2, max_q=cfg.forward_tokens[-1]),
+                                                 device, graphs, bar)
+                                 for bs in sizes}
+            del tcache, dcache  # nothing else may hold a view of them, or the next context will not fit
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        bar.close()
+        ks = prefill_prompts(cfg)
+        pcache = target.new_cache(ks[-1], cfg.input_len)
+        for k in ks:
             prompts = torch.randint(0, dims.vocab, (k, cfg.input_len), generator=gen, device=device)
-            cache_k = tcache.batch(k)
+            cache_k = pcache.batch(k)
 
             def prefill(prompts=prompts, cache_k=cache_k):
                 h, _ = target.forward(prompts, cache_k, 0)
@@ -614,89 +754,126 @@ def fit_prefill(points: dict) -> tuple[float, float]:
 
 
 def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
-    """The profile (a plain dict in the README's format) from the raw timings."""
+    """The profile (a plain dict in the README's format) from the raw timings: a step table per context."""
     env, dims = raw["environment"], cfg.dims
 
-    def med(kind: str) -> list[float]:
-        return [round(statistics.median(raw["steps"][bs][kind]["ms"]), 4) for bs in cfg.batch_sizes]
+    def table(ctx) -> dict:
+        points = raw["steps"][ctx]
+        sizes = sorted(points, key=int)
+
+        def med(kind: str) -> list[float]:
+            return [round(statistics.median(points[bs][kind]["ms"]), 4) for bs in sizes]
+
+        forward = {q: med("plain" if q == 1 else f"forward_q{q}") for q in cfg.forward_tokens}
+        return {"context_len": int(ctx), "batch_size": [int(b) for b in sizes], "plain_ms": med("plain"),
+                "draft_ms": med("draft"), "verify_ms": med("verify"), "extend_ms": med("extend"),
+                "forward_ms": forward}
 
     fixed, per_token = fit_prefill({n: statistics.median(v["ms"]) for n, v in raw["prefill"].items()})
-    hows = sorted({v["how"] for row in raw["steps"].values() for v in row.values()})
+    hows = sorted({v["how"] for rows in raw["steps"].values() for row in rows.values() for v in row.values()})
     if "gpu" in env:
         machine = f"1x {env['gpu']} ({env['sm_count']} SMs, {env['memory_gib']} GiB)"
         versions = f"torch {env['torch']}, CUDA {env['cuda']}, driver {env.get('driver') or 'unknown'}"
     else:
         machine = f"CPU {env['cpu']} ({env['threads']} threads)"
         versions = f"torch {env['torch']}"
-    source = (f"dynspec calibrate on {machine}: {versions}; {cfg.preset} shapes ({dims.describe()}), {cfg.dtype}, "
-              f"EAGLE-3 head with draft vocab {cfg.draft_vocab}; context {cfg.context_len} tokens; median of "
-              f"{cfg.repeats} timed runs after {cfg.warmup} warm-up per point ({', '.join(hows)}); "
-              f"raw timings: {cfg.raw_path.name}")
-    t = cfg.num_steps + 1
+    date = raw.get("date", "")
+    contexts = "/".join(map(str, cfg.contexts))
+    source = (f"dynspec calibrate on {machine}: {versions}; {cfg.shape_name} shapes ({dims.describe()}), "
+              f"{cfg.dtype}, EAGLE-3 head of {cfg.draft_layers} layer(s) with draft vocab {cfg.draft_vocab}; "
+              f"context {contexts} tokens; median of {cfg.repeats} timed runs after {cfg.warmup} warm-up per "
+              f"point ({', '.join(hows)}); raw timings: {cfg.raw_path.name}")
+    t = cfg.verify_tokens
     assumptions = [
         "random weights: a step's cost depends on the shapes, not on the weight values",
         (f"acceptance: accept_length {cfg.accept_length:g} and concentration {cfg.concentration:g} are given on "
-        "the command line, not measured (random weights say nothing about acceptance)"),
-        ("kernels: plain PyTorch (cuBLAS GEMMs; scaled_dot_product_attention, fused backends only on CUDA; "
-        "unfused RMSNorm, RoPE and SwiGLU) instead of SGLang's FlashInfer/FA3 attention and fused kernels"),
+         "the command line, not measured (random weights say nothing about acceptance)"),
+        ("kernels: plain PyTorch (cuBLAS GEMMs; scaled_dot_product_attention, fused backends only on CUDA, query "
+         "heads of one kv head grouped as decode kernels do; unfused RMSNorm, RoPE and SwiGLU) instead of "
+         "SGLang's FlashInfer/FA3 attention and fused kernels"),
         ("one device, no tensor parallelism, no overlap scheduling; device time only: the scheduler's CPU "
-        "work per step (batch bookkeeping, sampling setup, spec-v2's plan stream) is not included"),
-        (f"uniform batch: every request at context length {cfg.context_len}, KV cache contiguous per layer "
-        "(not paged), filled with random values"),
+         "work per step (batch bookkeeping, sampling setup, spec-v2's plan stream) is not included"),
+        ("uniform batch: every request at the table's context_len, KV cache contiguous per layer "
+         "(not paged), filled with random values; between and beyond the measured contexts a step's time "
+         "is taken as linear in the context"),
         "plain: target forward of 1 token per request + greedy argmax",
         (f"verify: target forward of {t} tokens per request (topk 1 chain, num_draft_tokens {t}) + argmax + "
-        f"acceptance compare; EAGLE-3 aux hidden states from target layers {list(dims.aux_layers)}"),
+         f"acceptance compare; EAGLE-3 aux hidden states from target layers {list(dims.aux_layers)}"),
         (f"draft: {cfg.num_steps - 1} single-token draft-head forwards + top-1 each: the first of the "
-        f"{cfg.num_steps} draft tokens comes from the draft-extend's logits, as in SGLang's EAGLE workers"),
+         f"{cfg.num_steps} draft tokens comes from the draft-extend's logits, as in SGLang's EAGLE workers"),
         (f"extend: one draft-head forward over {t} tokens per request (num_steps + 1, the fixed shape SGLang's "
-        "spec-v2 worker replays in its CUDA graph; the v1 worker runs accept_length + 1) + top-1 at the last "
-        "accepted position"),
+         "spec-v2 worker replays in its CUDA graph; the v1 worker runs accept_length + 1) + top-1 at the last "
+         "accepted position"),
+        (f"forward_ms: the target's forward of q = {','.join(map(str, cfg.forward_tokens))} tokens per request "
+         "+ argmax at each, for reading the step-cost curve; the simulator uses plain/draft/verify/extend"),
         (f"prefill: target only, eager, {'/'.join(str(v['prompts']) for v in raw['prefill'].values())} prompts of "
-        f"{cfg.input_len} tokens in one forward, fitted as fixed + per-token; the draft's prefill under "
-        f"speculation is not included; chunk_tokens {CHUNK_TOKENS} assumed (SGLang's default)"),
+         f"{cfg.input_len} tokens in one forward, fitted as fixed + per-token; the draft's prefill under "
+         f"speculation is not included; chunk_tokens {CHUNK_TOKENS} assumed (SGLang's default)"),
         "RoPE without Llama-3.1's frequency scaling (same cost)",
     ]
+    for ctx, sizes in raw.get("skipped", {}).items():
+        assumptions.append(f"context {ctx}: batch sizes {','.join(map(str, sizes))} did not fit in the GPU's "
+                           "memory (contiguous KV cache); beyond the last measured one the last segment is extended")
     return {
         "name": cfg.name,
         "description": (f"Decode step costs measured by dynspec calibrate on {machine}, with "
-                        f"{cfg.preset} shapes and random weights, EAGLE-3 chain of {cfg.num_steps} (topk 1)."),
+                        f"{cfg.shape_name} shapes and random weights, EAGLE-3 chain of {cfg.num_steps} (topk 1), "
+                        f"at context {contexts}."),
         "hardware": machine,
-        "model": f"{cfg.preset} shapes, random weights, {cfg.dtype} + EAGLE-3 head shapes (draft vocab {cfg.draft_vocab})",
+        "model": (f"{cfg.shape_name} shapes, random weights, {cfg.dtype} + EAGLE-3 head shapes "
+                  f"({cfg.draft_layers} layer(s), draft vocab {cfg.draft_vocab})"),
         "speculative": {"algorithm": "EAGLE3", "num_steps": cfg.num_steps, "topk": 1, "num_draft_tokens": t},
         "acceptance": {"accept_length": cfg.accept_length, "concentration": cfg.concentration},
-        "steps": {"batch_size": list(cfg.batch_sizes), "plain_ms": med("plain"), "draft_ms": med("draft"),
-                  "verify_ms": med("verify"), "extend_ms": med("extend")},
+        "steps": [table(ctx) for ctx in raw["steps"]],
         "prefill": {"fixed_ms": round(fixed, 4), "per_token_ms": round(per_token, 6), "chunk_tokens": CHUNK_TOKENS},
-        "provenance": {"kind": "measured", "source": source, "command": cfg.command(), "assumptions": assumptions},
+        "provenance": {"kind": "measured", "source": source, "command": cfg.command(), "date": date or None,
+                       "assumptions": assumptions},
     }
 
 
 def format_table(profile: dict) -> str:
-    s = profile["steps"]
-    lines = [f"{'bs':>5s} {'plain':>9s} {'draft':>9s} {'verify':>9s} {'extend':>9s} {'spec':>9s} {'spec/plain':>10s}"]
-    for i, bs in enumerate(s["batch_size"]):
-        spec = s["draft_ms"][i] + s["verify_ms"][i] + s["extend_ms"][i]
-        lines.append(f"{bs:5d} {s['plain_ms'][i]:9.3f} {s['draft_ms'][i]:9.3f} {s['verify_ms'][i]:9.3f} "
-                     f"{s['extend_ms'][i]:9.3f} {spec:9.3f} {spec / s['plain_ms'][i]:10.2f}")
+    tables = profile["steps"] if isinstance(profile["steps"], list) else [profile["steps"]]
+    lines = []
+    for s in tables:
+        lines.append(f"context {s.get('context_len', '?')}:")
+        qs = [q for q in s.get("forward_ms", {}) if q > 1]
+        lines.append(f"{'bs':>5s} {'plain':>9s} {'draft':>9s} {'verify':>9s} {'extend':>9s} {'spec':>9s} "
+                     f"{'spec/plain':>10s}" + "".join(f" {'q=' + str(q):>8s}" for q in qs))
+        for i, bs in enumerate(s["batch_size"]):
+            spec = s["draft_ms"][i] + s["verify_ms"][i] + s["extend_ms"][i]
+            lines.append(f"{bs:5d} {s['plain_ms'][i]:9.3f} {s['draft_ms'][i]:9.3f} {s['verify_ms'][i]:9.3f} "
+                         f"{s['extend_ms'][i]:9.3f} {spec:9.3f} {spec / s['plain_ms'][i]:10.2f}"
+                         + "".join(f" {s['forward_ms'][q][i]:8.3f}" for q in qs))
     return "\n".join(lines)
 
 
+def crossover_lines(profile, accept_lengths=(2.0, 2.5, 3.0)) -> list[str]:
+    """Where a speculative step stops paying, per context and accept length (from the loaded profile)."""
+    lines = []
+    for table in profile.steps:
+        ctx = table.context_len
+        cells = []
+        for al in accept_lengths:
+            b = profile.crossover_batch(al, ctx)
+            cells.append(f"accept length {al:g}: " + (f"pays below batch {b}" if b and b > 1 else
+                                                      "never pays" if b == 1 else
+                                                      f"pays at every batch up to {table.batch_size[-1]}"))
+        lines.append(f"context {ctx}: " + "; ".join(cells))
+    return lines
+
+
 def profile_yaml(profile: dict) -> str:
-    import yaml
+    from dynspec.profile import dump_profile
 
-    class FlowNumbers(yaml.SafeDumper):
-        """Lists of numbers on one line, so step tables read as tables."""
-
-    FlowNumbers.add_representer(list, lambda d, data: d.represent_sequence(
-        "tag:yaml.org,2002:seq", data, flow_style=all(isinstance(x, (int, float)) for x in data)))
-    head = [f"# {profile['name']}: written by `{profile['provenance']['command']}`; measured, do not edit by hand.",
-            "# Median milliseconds per step piece (spec = draft + verify + extend):"]
-    head += ["#   " + line for line in format_table(profile).splitlines()]
-    return "\n".join(head) + "\n" + yaml.dump(profile, Dumper=FlowNumbers, sort_keys=False, width=100)
+    head = [f"{profile['name']}: written by `{profile['provenance']['command']}`; measured, do not edit by hand.",
+            "Median milliseconds per step piece (spec = draft + verify + extend; q=N: target forward of N tokens):"]
+    head += ["  " + line for line in format_table(profile).splitlines()]
+    return dump_profile(profile, head)
 
 
-def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict) -> None:
-    """Raw JSON first (the measurement is never lost), then the profile: validated, then renamed into place."""
+def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict):
+    """Raw JSON first (the measurement is never lost), then the profile: validated, then renamed into
+    place.  Returns the profile as loaded."""
     from dynspec.profile import ProfileError, load_profile
 
     cfg.raw_path.parent.mkdir(parents=True, exist_ok=True)
@@ -707,12 +884,13 @@ def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict) -> None:
     tmp = cfg.out.with_name(cfg.out.stem + ".tmp.yaml")  # load_profile reads .yaml paths
     try:
         tmp.write_text(profile_yaml(profile))
-        load_profile(tmp)
+        loaded = load_profile(tmp)
         os.replace(tmp, cfg.out)
     except ProfileError as exc:
         raise CalibrateError(f"the measured profile does not validate: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
+    return loaded
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -720,9 +898,11 @@ def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict) -> None:
 
 def config_from_args(args) -> CalibrateConfig:
     return CalibrateConfig(
-        preset=args.preset, accept_length=args.accept_length, name=args.name, out=Path(args.out),
-        draft_vocab=args.draft_vocab, batch_sizes=parse_batch_sizes(args.batch_sizes),
-        context_len=args.context_len, input_len=args.input_len, num_steps=args.num_steps,
+        shape=args.shape, accept_length=args.accept_length, name=args.name, out=Path(args.out),
+        draft_vocab=args.draft_vocab, draft_layers=args.draft_layers,
+        batch_sizes=parse_ints(args.batch_sizes, "--batch-sizes"), contexts=parse_ints(args.context, "--context"),
+        tokens_per_request=parse_ints(args.tokens_per_request, "--tokens-per-request"),
+        input_len=args.input_len, num_steps=args.num_steps,
         concentration=args.concentration, repeats=args.repeats, warmup=args.warmup, dtype=args.dtype,
         device=args.device, cuda_graphs=not args.no_cuda_graphs, seed=args.seed,
         raw_out=Path(args.raw_out) if args.raw_out else None)
@@ -736,28 +916,36 @@ def _run(args) -> int:
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
         raw = run_calibration(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        raw["date"] = time.strftime("%Y-%m-%d")
         profile = build_profile(cfg, raw)
-        write_outputs(cfg, raw, profile)
+        loaded = write_outputs(cfg, raw, profile)
     except CalibrateError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(format_table(profile))
     print(f"prefill: {profile['prefill']['fixed_ms']:.3f} ms + {profile['prefill']['per_token_ms']:.5f} ms/token")
+    print("\n".join(crossover_lines(loaded)))
     print(f"wrote {cfg.out} (validated) and {cfg.raw_path} ({raw['elapsed_s']:.0f} s)")
     return 0
 
 
 def add_cli(sub) -> None:
     p = sub.add_parser("calibrate", help="measure a step-cost profile on this machine's GPU (random-weight model)")
-    p.add_argument("--preset", default="llama-3.1-8b", help=f"model shapes: {', '.join(PRESETS)} (default llama-3.1-8b)")
+    p.add_argument("--shape", default="llama-3.1-8b",
+                   help=f"model shapes: a preset ({', '.join(PRESETS)}) or a Hugging Face config.json (default llama-3.1-8b)")
     p.add_argument("--draft-vocab", type=int, default=32000, help="EAGLE-3 draft vocabulary (default 32000)")
+    p.add_argument("--draft-layers", type=int, default=1, help="decoder layers in the draft head (default 1, as EAGLE-3)")
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
                    help="comma-separated, increasing (default %(default)s)")
-    p.add_argument("--context-len", type=int, default=1280, help="tokens in each request's KV cache (default 1280)")
+    p.add_argument("--context", default="1024",
+                   help="tokens in each request's KV cache; comma-separated for a table per context (default 1024)")
+    p.add_argument("--tokens-per-request", default="1,2,4,8",
+                   help="q of the target-forward curve, comma-separated (default 1,2,4,8)")
     p.add_argument("--input-len", type=int, default=1024, help="prompt length of the prefill timings (default 1024)")
     p.add_argument("--num-steps", type=int, default=3, help="EAGLE draft chain length (topk 1; default 3)")
-    p.add_argument("--accept-length", type=float, required=True,
-                   help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]")
+    p.add_argument("--accept-length", type=float, default=2.5,
+                   help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]; random "
+                        "weights cannot measure it (default 2.5)")
     p.add_argument("--concentration", type=float, default=10.0, help="assumed acceptance spread (Beta; default 10)")
     p.add_argument("--repeats", type=int, default=20, help="timed runs per point; the median is kept (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per point first (default 5)")

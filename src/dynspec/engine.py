@@ -210,6 +210,7 @@ class Engine:
         self._plain_t: list[float] = []  # step times by batch size, filled on first use
         self._spec_t: list[float] = []
         self._extrap: list[bool] = []
+        self._ctx_times: dict[tuple[int, int], tuple[float, float, bool]] = {}
 
     # Requests -------------------------------------------------------------------------
     def draw_accept_rate(self) -> float:
@@ -259,6 +260,15 @@ class Engine:
 
     # Step times -------------------------------------------------------------------------
     def _times(self, bs: int) -> tuple[float, float, bool]:
+        if self.profile.context_aware:
+            # Step times by batch size and the batch's mean context (tokens in its KV cache),
+            # cached per 16 tokens of context.
+            ctx = 16 * round(sum(r.input_len + r.generated for r in self.running) / (16 * bs))
+            key = (bs, ctx)
+            if key not in self._ctx_times:
+                p = self.profile
+                self._ctx_times[key] = (p.plain_time(bs, ctx), p.spec_time(bs, ctx), p.extrapolates(bs, ctx))
+            return self._ctx_times[key]
         while len(self._plain_t) <= bs:
             n = len(self._plain_t)
             self._plain_t.append(self.profile.plain_time(n))

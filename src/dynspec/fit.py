@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps
+from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps, dump_profile
 from dynspec.typed_yaml import parse_model, read_yaml
 
 
@@ -97,8 +96,8 @@ def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], co
     return Profile(
         name=spec.name, description=spec.description, hardware=spec.hardware, model=spec.model,
         speculative=spec.speculative, acceptance=spec.acceptance, prefill=spec.prefill,
-        steps=Steps(batch_size=[t.concurrency for t in spec.targets],
-                    plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms]),
+        steps=[Steps(batch_size=[t.concurrency for t in spec.targets],
+                     plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms])],
         provenance=Provenance(kind=spec.kind, source=spec.source, command=command,
                               assumptions=list(spec.assumptions)),
     )
@@ -187,23 +186,10 @@ def format_table(table: list[dict]) -> str:
 
 def profile_yaml(profile: Profile, table: list[dict]) -> str:
     """The profile as YAML, headed by the fit's residuals as comments."""
-    head = [f"# {profile.name}: written by `{profile.provenance.command}`; do not edit by hand.",
-            "# Simulated vs target output tok/s (workload in provenance.assumptions):"]
-    head += ["#   " + line for line in format_table(table).splitlines()]
-    data = profile.model_dump(mode="json", exclude_none=True)
-    return "\n".join(head) + "\n" + yaml.dump(data, Dumper=_FlowNumbers, sort_keys=False, width=100)
-
-
-class _FlowNumbers(yaml.SafeDumper):
-    """Lists of numbers on one line: step tables read as tables."""
-
-
-def _represent_list(dumper, data):
-    flow = all(isinstance(x, (int, float)) for x in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_FlowNumbers.add_representer(list, _represent_list)
+    head = [f"{profile.name}: written by `{profile.provenance.command}`; do not edit by hand.",
+            "Simulated vs target output tok/s (workload in provenance.assumptions):"]
+    head += ["  " + line for line in format_table(table).splitlines()]
+    return dump_profile(profile.model_dump(mode="json", exclude_none=True), head)
 
 
 def _run(args) -> int:

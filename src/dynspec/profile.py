@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dynspec.typed_yaml import parse_model, read_yaml
 
@@ -48,6 +48,10 @@ class Acceptance(_Strict):
 
 
 class Steps(_Strict):
+    """One table of step times by batch size, measured at one context length."""
+
+    # Tokens in each request's KV cache when measured; needed when a profile has several tables.
+    context_len: int | None = Field(None, ge=1)
     batch_size: list[int] = Field(min_length=2)
     plain_ms: list[float]
     spec_ms: list[float] | None = None
@@ -55,6 +59,9 @@ class Steps(_Strict):
     draft_ms: list[float] | None = None
     verify_ms: list[float] | None = None
     extend_ms: list[float] | None = None
+    # Optional, for reading not simulating: the target's forward alone with q tokens per request
+    # ({q: ms per batch size}), the curve that shows where verifying k+1 tokens turns compute-bound.
+    forward_ms: dict[int, list[float]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "Steps":
@@ -72,6 +79,9 @@ class Steps(_Strict):
                 raise ValueError(f"{key} has {len(v)} values but batch_size has {len(bs)}")
             if any(not (t >= 0) for t in v) or (key in ("plain_ms", "spec_ms") and any(t <= 0 for t in v)):
                 raise ValueError(f"{key} must hold positive times in milliseconds")
+        for q, v in (self.forward_ms or {}).items():
+            if q < 1 or len(v) != len(bs) or any(not (t > 0) for t in v):
+                raise ValueError(f"forward_ms[{q}] must hold {len(bs)} positive times, for q >= 1 tokens per request")
         return self
 
     @cached_property
@@ -94,6 +104,7 @@ class Provenance(_Strict):
     kind: Literal["measured", "fitted", "derived"]
     source: str
     command: str | None = None
+    date: str | None = None  # when it was measured or fitted (YYYY-MM-DD)
     assumptions: list[str] = []
 
 
@@ -106,9 +117,15 @@ class Profile(_Strict):
     model: str = ""
     speculative: Speculative = Speculative()
     acceptance: Acceptance
-    steps: Steps
+    # One table, or several at different context lengths (a YAML list, context_len increasing).
+    steps: list[Steps] = Field(min_length=1)
     prefill: Prefill = Prefill()
     provenance: Provenance
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _one_table_is_a_list(cls, v):
+        return [v] if isinstance(v, dict) else v
 
     @model_validator(mode="after")
     def _check(self) -> "Profile":
@@ -117,11 +134,14 @@ class Profile(_Strict):
                 f"acceptance.accept_length {self.acceptance.accept_length} exceeds "
                 f"1 + speculative.num_steps = {1 + self.speculative.num_steps}"
             )
+        ctx = [t.context_len for t in self.steps]
+        if len(ctx) > 1 and (None in ctx or any(a >= b for a, b in zip(ctx, ctx[1:]))):
+            raise ValueError("steps: several tables need each a context_len, strictly increasing")
         return self
 
     # Interpolation ------------------------------------------------------------------
-    def _interp(self, ys: list[float], bs: float) -> float:
-        xs = self.steps.batch_size
+    @staticmethod
+    def _interp(xs: list[int], ys: list[float], bs: float) -> float:
         i = bisect.bisect_right(xs, bs)
         if i == 0:
             return ys[0]  # below the first point: no cheaper than it
@@ -129,16 +149,66 @@ class Profile(_Strict):
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return max(y0 + (y1 - y0) * (bs - x0) / (x1 - x0), ys[0] * 0.5)
 
-    def extrapolates(self, bs: float) -> bool:
-        return bs > self.steps.batch_size[-1] or bs < self.steps.batch_size[0]
+    def _time_ms(self, key: str, bs: float, context: float | None) -> float:
+        tables = self.steps
+        if len(tables) == 1 or context is None:  # without a context, the first table
+            t = tables[0]
+            return self._interp(t.batch_size, getattr(t, key), bs)
+        # Between two contexts, and beyond them, linear in the context: decode reads the whole
+        # KV cache, so a step's cost grows in proportion to it.
+        i = min(max(bisect.bisect_right([t.context_len for t in tables], context), 1), len(tables) - 1)
+        a, b = tables[i - 1], tables[i]
+        ya, yb = self._interp(a.batch_size, getattr(a, key), bs), self._interp(b.batch_size, getattr(b, key), bs)
+        y = ya + (yb - ya) * (context - a.context_len) / (b.context_len - a.context_len)
+        return max(y, 0.5 * min(ya, yb))
 
-    def plain_time(self, bs: float) -> float:
-        """Seconds for one plain decode step at batch size bs."""
-        return self._interp(self.steps.plain_ms, bs) / 1000.0
+    def extrapolates(self, bs: float, context: float | None = None) -> bool:
+        """True where a time would come from beyond the measured batch sizes (or context lengths)."""
+        tables = self.steps if context is not None and len(self.steps) > 1 else self.steps[:1]
+        if len(tables) > 1 and not tables[0].context_len <= context <= tables[-1].context_len:
+            return True
+        return any(bs > t.batch_size[-1] or bs < t.batch_size[0] for t in tables)
 
-    def spec_time(self, bs: float) -> float:
+    def plain_time(self, bs: float, context: float | None = None) -> float:
+        """Seconds for one plain decode step at batch size bs (requests of `context` tokens on average)."""
+        return self._time_ms("plain_ms", bs, context) / 1000.0
+
+    def spec_time(self, bs: float, context: float | None = None) -> float:
         """Seconds for one speculative step (draft + verify + draft-extend) at bs."""
-        return self._interp(self.steps.spec_total_ms, bs) / 1000.0
+        return self._time_ms("spec_total_ms", bs, context) / 1000.0
+
+    @property
+    def context_aware(self) -> bool:
+        return len(self.steps) > 1
+
+    def crossover_batch(self, accept_length: float | None = None, context: float | None = None,
+                        up_to: int | None = None) -> int | None:
+        """The smallest batch size at which a speculative step no longer pays: where it costs at
+        least accept_length plain steps (it emits accept_length tokens per request, a plain step
+        one).  1 when it never pays; None when it pays at every batch size up to `up_to` (default:
+        the largest measured)."""
+        al = self.acceptance.accept_length if accept_length is None else accept_length
+        last = up_to or max(t.batch_size[-1] for t in self.steps)
+        for bs in range(1, last + 1):
+            if al * self.plain_time(bs, context) <= self.spec_time(bs, context):
+                return bs
+        return None
+
+
+class _FlowNumbers(yaml.SafeDumper):
+    """Lists of numbers on one line, so step tables read as tables."""
+
+
+_FlowNumbers.add_representer(list, lambda d, data: d.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=all(isinstance(x, (int, float)) for x in data)))
+
+
+def dump_profile(data: dict, comments: list[str] = ()) -> str:
+    """A profile (as plain data) as YAML under `# ` comment lines; one step table as a mapping."""
+    if isinstance(data.get("steps"), list) and len(data["steps"]) == 1:
+        data = {**data, "steps": data["steps"][0]}
+    head = "".join(f"# {line}\n" for line in comments)
+    return head + yaml.dump(data, Dumper=_FlowNumbers, sort_keys=False, width=100)
 
 
 def shipped_profiles() -> list[str]:

@@ -226,7 +226,7 @@ def _run(args) -> int:
               f"{int(r['switches']):8d}")
     top = max(cfg.concurrencies)
     if profile.extrapolates(top):
-        print(f"note: profile {profile.name} is measured up to batch {profile.steps.batch_size[-1]}; "
+        print(f"note: profile {profile.name} is measured up to batch {profile.steps[0].batch_size[-1]}; "
               f"step times beyond it are extrapolated", file=sys.stderr)
     print(f"wrote {cfg.out}")
     return 0
