@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -54,8 +55,11 @@ def test_the_sweep_wrote_the_run_folder_the_report_reads(pub):
     assert set(run.results["arm"]) == {"baseline", "eagle3", "dynamic"}
     assert sorted(set(run.results["concurrency"])) == [1, 4, 16]
     saved = yaml.safe_load((pub.report_dir / "pipeline.yaml").read_text())
-    pc = pipeline.PipelineConfig.model_validate(saved)  # the resolved settings round-trip
+    # paths relative to the report's folder: the published file says nothing of this machine
+    assert saved["config"] == os.path.relpath(pub.config, pub.report_dir) and not saved["runs_dir"].startswith("/")
+    pc = pipeline.load_settings(pub.report_dir / "pipeline.yaml")  # the resolved settings round-trip
     assert pc.run_id == pub.run_id and pc.backend == "sim" and pc.config == pub.config
+    assert pc.run_dir == (pub.runs / pub.run_id).resolve()
 
 
 def _images(page: str) -> list[bytes]:
@@ -65,7 +69,7 @@ def _images(page: str) -> list[bytes]:
 def test_report_html_embeds_its_figures_hides_code_and_fetches_nothing(pub):
     page = (pub.report_dir / "report.html").read_text()
     imgs = _images(page)
-    assert len(imgs) >= 5, "throughput, speedup, envelope, latency, speculation figures"
+    assert len(imgs) >= 6, "throughput, speedup, envelope, latency, speculation, step-cost figures"
     assert all(b.startswith(b"\x89PNG\r\n\x1a\n") and len(b) > 5000 for b in imgs)
     assert not re.search(r"<img[^>]+src=\"(?!data:)", page), "an image that is not embedded"
     # Nothing from a CDN, nor any other network fetch.
@@ -78,6 +82,10 @@ def test_report_html_embeds_its_figures_hides_code_and_fetches_nothing(pub):
     # The banner, and the seed's numbers labelled as such.
     assert "Simulated: these numbers are simulated from profile seed-blackwell" in page
     assert "measured by the seed investigation on 8x RTX PRO 6000" in page
+    # "By profile": every shipped profile's crossover and simulated envelope, the measured H200 among them
+    assert "By profile: where speculation stops paying" in page
+    assert page.count("h200-llama8b") >= 3 and "stops paying at accept length 2.5" in page
+    assert "dynamic: worst of envelope" in page
     assert "299.5" in page and "711.0" in page
 
 

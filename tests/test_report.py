@@ -316,3 +316,16 @@ def test_compared_runs_are_told_apart_by_line_style():
     # Speedups are against each run's own baseline.
     sp = report.speedup_table(lv).set_index(["run_id", "arm", "concurrency"])["speedup"]
     assert sp[("sim", "eagle3", 1)] == pytest.approx(1.5) and sp[("live", "eagle3", 1)] == pytest.approx(3.0)
+
+
+def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
+    from dynspec.report import _shown
+
+    monkeypatch.chdir(tmp_path)
+    assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"
+    outside = tmp_path.parent / "elsewhere"
+    assert _shown(outside) == str(outside.resolve())
+    (tmp_path / "pyproject.toml").write_text("")  # a checkout, with the notebook running in notebooks/
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from dynspec.jsonl import read_jsonl
 from dynspec.results import RequestRecord
 
 # Matched unescaped (quote, name, quote, colon), so generated text containing it -- which
@@ -75,13 +76,7 @@ def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int =
 
 def _read_jsonl(path: Path, output_len: int) -> list[Prompt]:
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    for i, obj in read_jsonl(path, PromptError):
         if not isinstance(obj, dict):
             raise PromptError(f"{path}:{i}: each line is an object with prompt or input_ids")
         n = obj.get("output_len", output_len)

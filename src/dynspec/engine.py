@@ -211,6 +211,7 @@ class Engine:
         self._spec_t: list[float] = []
         self._extrap: list[bool] = []
         self._ctx_times: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        self._context_aware = profile.context_aware  # step times by context too (several tables)
 
     # Requests -------------------------------------------------------------------------
     def draw_accept_rate(self) -> float:
@@ -260,7 +261,7 @@ class Engine:
 
     # Step times -------------------------------------------------------------------------
     def _times(self, bs: int) -> tuple[float, float, bool]:
-        if self.profile.context_aware:
+        if self._context_aware:
             # Step times by batch size and the batch's mean context (tokens in its KV cache),
             # cached per 16 tokens of context.
             ctx = 16 * round(sum(r.input_len + r.generated for r in self.running) / (16 * bs))

@@ -367,6 +367,37 @@ profile, not measured; each report says so at the top.</p>
 
 # Orchestration ------------------------------------------------------------------------
 
+_PATHS = ("config", "runs_dir", "reports_dir", "notebooks_dir", "reference")
+
+
+def save_settings(pc: PipelineConfig) -> Path:
+    """pipeline.yaml beside the report, its paths relative to the report's folder: a published
+    report carries no trace of this machine's layout and still says where everything was."""
+    data = pc.model_dump(mode="json")
+
+    def rel(p: str) -> str:
+        return os.path.relpath(p, pc.report_dir)
+
+    data.update({k: rel(data[k]) for k in _PATHS if data[k] is not None})
+    data["compare_runs"] = [rel(p) for p in data["compare_runs"]]
+    out = pc.report_dir / "pipeline.yaml"
+    _write_atomic(out, yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def load_settings(path: str | Path) -> PipelineConfig:
+    """A saved pipeline.yaml, its relative paths resolved against its folder."""
+    path = Path(path)
+    data = yaml.safe_load(path.read_text())
+
+    def at(p: str) -> Path:
+        return _abs(path.parent / p)
+
+    data.update({k: at(data[k]) for k in _PATHS if data.get(k) is not None})
+    data["compare_runs"] = [at(p) for p in data.get("compare_runs", [])]
+    return PipelineConfig.model_validate(data)
+
+
 def _prepare_dirs(pc: PipelineConfig) -> None:
     if pc.overwrite:
         for d in (pc.run_dir, pc.report_dir):
@@ -377,7 +408,7 @@ def _prepare_dirs(pc: PipelineConfig) -> None:
         (pc.report_dir / f"{name}.ipynb").unlink(missing_ok=True)
     (pc.report_dir / "report.html").unlink(missing_ok=True)
     (pc.report_dir / "summary.json").unlink(missing_ok=True)
-    _write_atomic(pc.report_dir / "pipeline.yaml", yaml.safe_dump(pc.model_dump(mode="json"), sort_keys=False))
+    save_settings(pc)
 
 
 def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False) -> Path:

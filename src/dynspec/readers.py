@@ -15,6 +15,7 @@ import math
 import sys
 from pathlib import Path
 
+from dynspec.jsonl import read_jsonl
 from dynspec.results import make_row
 from dynspec.servers import dynspec_state
 
@@ -112,13 +113,7 @@ def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str 
     if not path.is_file():
         raise ReaderError(f"{path}: no such file")
     rows, seen = [], {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReaderError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    for i, obj in read_jsonl(path, ReaderError):
         row = bench_serving_row(obj, where=f"{path}:{i}", arm=arm, run_id=run_id or path.stem,
                                 profile=profile, backend=backend)
         row["repeat"] = _repeat(seen, row["arm"], row["concurrency"])

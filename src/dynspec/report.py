@@ -505,10 +505,22 @@ def patch_table(patchset) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["patch", "file", "hunks", "added", "removed"])
 
 
+def _shown(path: Path) -> str:
+    """A path as a published page shows it: relative to the checkout when inside it (the
+    nearest folder up from the working directory with a pyproject.toml; notebooks run in
+    notebooks/), so no page carries this machine's layout."""
+    path, cwd = Path(path).resolve(), Path.cwd().resolve()
+    root = next((d for d in (cwd, *cwd.parents) if (d / "pyproject.toml").is_file()), cwd)
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def run_details(run: Run) -> str:
     """Where the run lives, its status and the machine it ran on, as Markdown."""
     machine, packages, _ = environment_tables(run.environment) if run.environment else (None, None, None)
-    lines = [f"- Run folder: `{run.run_dir}`"]
+    lines = [f"- Run folder: `{_shown(run.run_dir)}`"]
     for key in ("status", "started", "finished"):
         if key in run.meta:
             lines.append(f"- {key}: {run.meta[key]}")
