@@ -135,6 +135,19 @@ crossover.step_cost_figure(shipped);
 display(crossover.crossover_table(shipped))
 
 # %% [markdown]
+# Why, where a profile was measured with `dynspec calibrate`: the target's forward time
+# against the tokens it processes (batch x q tokens per request). Where the lines of
+# different q meet, the weights' GEMMs set the time and it depends only on the tokens
+# (compute-bound): a verify of k+1 tokens per request gets there at a k+1 times smaller
+# batch than a plain step. Where q=1 lies above the others, the KV cache read per request
+# dominates, which a verify shares across its k+1 tokens: longer contexts favour speculation.
+
+# %%
+fig = crossover.forward_curve_figure(shipped)
+if fig is None:
+    display(Markdown("No profile here holds a measured forward curve (`forward_ms`)."))
+
+# %% [markdown]
 # Under load, simulated (1024 in / 256 out, seed 0): at which levels EAGLE-3 beats the
 # plain server, and how close the dynamic policy (`goodput`) comes to
 # max(baseline, eagle3) at every level.

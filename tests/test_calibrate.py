@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
 
 from dynspec import calibrate as cal
+from dynspec import model_shapes as shapes
+from dynspec import random_model as rm
 from dynspec.cli import main
 from dynspec.profile import load_profile
 
-DIMS = cal.PRESETS["tiny"]
+DIMS = shapes.PRESETS["tiny"]
 F64 = torch.float64  # correctness checks in double precision: differences are bugs, not rounding
 
 
@@ -35,25 +38,25 @@ def test_grouped_attention_matches_naive(pos, t):
     q = torch.randn(3, t, 8, 16, generator=g, dtype=F64)
     k = torch.randn(3, 2, pos + t, 16, generator=g, dtype=F64)
     v = torch.randn(3, 2, pos + t, 16, generator=g, dtype=F64)
-    assert torch.allclose(cal.attend(q, k, v, pos), naive_attention(q, k, v, pos), atol=1e-10)
+    assert torch.allclose(rm.attend(q, k, v, pos), naive_attention(q, k, v, pos), atol=1e-10)
 
 
 def test_attention_self_check_reports_small_errors():
-    errors = cal.check_attention(DIMS, torch.float32, torch.device("cpu"), context_len=33, queries=[4, 8])
+    errors = rm.check_attention(DIMS, torch.float32, torch.device("cpu"), context_len=33, queries=[4, 8])
     assert sorted(errors) == [1, 4, 8] and all(0 <= e < 1e-5 for e in errors.values())
-    errors = cal.check_attention(DIMS, torch.bfloat16, torch.device("cpu"), context_len=33, queries=[4])
+    errors = rm.check_attention(DIMS, torch.bfloat16, torch.device("cpu"), context_len=33, queries=[4])
     assert all(1e-5 < e < 3e-2 for e in errors.values())  # bf16 rounding, measured: not zero
 
 
 def test_attention_refuses_a_cache_of_the_wrong_length():
     q = torch.zeros(1, 2, 4, 16)
     with pytest.raises(ValueError, match="cached keys"):
-        cal.attend(q, torch.zeros(1, 2, 5, 16), torch.zeros(1, 2, 5, 16), 4)
+        rm.attend(q, torch.zeros(1, 2, 5, 16), torch.zeros(1, 2, 5, 16), 4)
 
 
 @pytest.fixture(scope="module")
 def target():
-    return cal.TargetModel(DIMS, F64, torch.device("cpu"), max_len=64, seed=0)
+    return rm.TargetModel(DIMS, F64, torch.device("cpu"), max_len=64, seed=0)
 
 
 def test_kv_cached_decode_matches_full_forward(target):
@@ -77,7 +80,7 @@ def test_verify_of_k_tokens_equals_k_decode_steps(target):
     prefix, k = 10, 4
     seq = target.new_cache(3, 64)
     target.forward(tokens[:, :prefix], seq, 0)
-    ver = cal.KVCache([x.clone() for x in seq.k], [x.clone() for x in seq.v])
+    ver = rm.KVCache([x.clone() for x in seq.k], [x.clone() for x in seq.v])
     steps = [target.logits(target.forward(tokens[:, p:p + 1], seq, p)[0])[:, 0] for p in range(prefix, prefix + k)]
     h, aux = target.forward(tokens[:, prefix:prefix + k], ver, prefix, aux=True)
     assert torch.allclose(target.logits(h), torch.stack(steps, 1), atol=1e-9)
@@ -87,7 +90,7 @@ def test_verify_of_k_tokens_equals_k_decode_steps(target):
 
 
 def test_draft_extend_equals_sequential_draft_forwards(target):
-    draft = cal.DraftHead(target, draft_vocab=100, seed=1)
+    draft = rm.DraftHead(target, draft_vocab=100, seed=1)
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, DIMS.vocab, (2, 4), generator=g)
     hidden3 = torch.randn(2, 4, 3 * DIMS.hidden, generator=g, dtype=F64)  # the target's aux states
@@ -107,10 +110,10 @@ def test_draft_extend_equals_sequential_draft_forwards(target):
 
 def test_verify_step_counts_accepted_drafts(target):
     """A draft is accepted only while every draft before it equals the target's greedy choice."""
-    draft = cal.DraftHead(target, draft_vocab=100)
+    draft = rm.DraftHead(target, draft_vocab=100)
     tcache, dcache = target.new_cache(3, 64), draft.new_cache(3, 64)
     tcache.fill_random(torch.Generator().manual_seed(5))
-    steps = cal.StepSet(target, draft, tcache, dcache, bs=3, context_len=20, num_steps=3)
+    steps = rm.StepSet(target, draft, tcache, dcache, bs=3, context_len=20, num_steps=3)
     # Request r's draft number wrong[r] is wrong; every other draft is the target's greedy choice
     # after the tokens before it, so drafts after a wrong one match too but must not count.
     wrong = [None, 1, 2]
@@ -129,8 +132,8 @@ def test_verify_step_counts_accepted_drafts(target):
 
 
 def test_step_pieces_run_and_write_their_outputs(target):
-    draft = cal.DraftHead(target, draft_vocab=100)
-    steps = cal.StepSet(target, draft, target.new_cache(4, 64), draft.new_cache(4, 64), bs=3, context_len=30,
+    draft = rm.DraftHead(target, draft_vocab=100)
+    steps = rm.StepSet(target, draft, target.new_cache(4, 64), draft.new_cache(4, 64), bs=3, context_len=30,
                         num_steps=3)
     for out in (steps.out_token, steps.out_drafts):
         out.fill_(-1)
@@ -204,7 +207,7 @@ def test_target_matches_a_reference_llama_forward(target):
 
 
 def test_draft_head_matches_a_reference_eagle3_forward(target):
-    draft = cal.DraftHead(target, draft_vocab=100, seed=1)
+    draft = rm.DraftHead(target, draft_vocab=100, seed=1)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, DIMS.vocab, (2, 7), generator=g)
     hidden3 = torch.randn(2, 7, 3 * DIMS.hidden, generator=g, dtype=F64)
@@ -218,7 +221,7 @@ def test_draft_head_matches_a_reference_eagle3_forward(target):
 
 def test_prefill_prompts_fill_at_most_one_chunk():
     def prompts(input_len, batch_sizes=(1, 128)):
-        return cal.prefill_prompts(cal.CalibrateConfig(shape="tiny", accept_length=2, name="x", out=cal.Path("x.yaml"),
+        return cal.prefill_prompts(cal.CalibrateConfig(shape="tiny", accept_length=2, name="x", out=Path("x.yaml"),
                                                        draft_vocab=10, input_len=input_len, batch_sizes=batch_sizes))
     assert prompts(1024) == [1, 2, 4, 8]  # up to 8192 tokens, SGLang's default chunk
     assert prompts(1100) == [1, 2, 4]  # 8 x 1100 would overflow it
@@ -353,10 +356,10 @@ LLAMA_8B_CONFIG = {  # the fields of meta-llama/Llama-3.1-8B's config.json that 
 def test_hf_config_gives_the_presets_shapes(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_8B_CONFIG))
-    assert cal.resolve_shape(str(path)) == cal.PRESETS["llama-3.1-8b"]
+    assert shapes.resolve_shape(str(path)) == shapes.PRESETS["llama-3.1-8b"]
     nested = {"text_config": {**LLAMA_8B_CONFIG, "head_dim": 96, "num_key_value_heads": None}}
     path.write_text(json.dumps(nested))
-    dims = cal.resolve_shape(str(path))
+    dims = shapes.resolve_shape(str(path))
     assert dims.head_dim == 96 and dims.kv_heads == 32 and dims.hidden == 4096  # explicit head_dim; MHA
 
 
@@ -380,7 +383,7 @@ def test_bad_hf_config_is_one_line_naming_the_file(tmp_path, capsys, content, me
 def test_cli_on_a_config_json_and_two_contexts(tmp_path, capsys):
     config = tmp_path / "tiny-model" / "config.json"
     config.parent.mkdir()
-    d = cal.PRESETS["tiny"]
+    d = shapes.PRESETS["tiny"]
     config.write_text(json.dumps({"hidden_size": d.hidden, "num_hidden_layers": d.layers, "num_attention_heads": d.heads,
                                   "num_key_value_heads": d.kv_heads, "intermediate_size": d.intermediate,
                                   "vocab_size": d.vocab}))
@@ -398,11 +401,11 @@ def test_cli_on_a_config_json_and_two_contexts(tmp_path, capsys):
 
 
 def test_forward_of_q_tokens_is_the_targets_greedy_choice_at_each(target):
-    draft = cal.DraftHead(target, draft_vocab=100)
+    draft = rm.DraftHead(target, draft_vocab=100)
     cache = target.new_cache(2, 64)
     cache.fill_random(torch.Generator().manual_seed(8))
-    steps = cal.StepSet(target, draft, cache, draft.new_cache(2, 64), bs=2, context_len=30, num_steps=3, max_q=8)
-    before = cal.KVCache([k.clone() for k in cache.k], [v.clone() for v in cache.v])
+    steps = rm.StepSet(target, draft, cache, draft.new_cache(2, 64), bs=2, context_len=30, num_steps=3, max_q=8)
+    before = rm.KVCache([k.clone() for k in cache.k], [v.clone() for v in cache.v])
     steps.forward_fn(4)()
     h, _ = target.forward(steps.tok_q[:, :4], before, 30)
     assert torch.equal(steps.out_q[:, :4], target.logits(h).argmax(-1))
@@ -410,7 +413,7 @@ def test_forward_of_q_tokens_is_the_targets_greedy_choice_at_each(target):
 
 
 def test_a_deeper_draft_head_keeps_a_cache_per_layer_and_extends_as_it_decodes(target):
-    draft = cal.DraftHead(target, draft_vocab=100, seed=1, layers=3)
+    draft = rm.DraftHead(target, draft_vocab=100, seed=1, layers=3)
     assert draft.n_layers == 3 and len(draft.new_cache(1, 8).k) == 3
     g = torch.Generator().manual_seed(9)
     tokens = torch.randint(0, DIMS.vocab, (2, 4), generator=g)
@@ -420,14 +423,14 @@ def test_a_deeper_draft_head_keeps_a_cache_per_layer_and_extends_as_it_decodes(t
     for i in range(4):
         hn_i, _ = draft.forward(tokens[:, i:i + 1], hidden3[:, i:i + 1], b, i)
         assert torch.allclose(hn[:, i:i + 1], hn_i, atol=1e-9)
-    one = cal.DraftHead(target, draft_vocab=100, seed=1, layers=1)
+    one = rm.DraftHead(target, draft_vocab=100, seed=1, layers=1)
     assert not torch.allclose(one.forward(tokens, hidden3, one.new_cache(2, 64), 0)[0], hn)  # the layers count
 
 
 def test_batches_whose_cache_does_not_fit_are_left_out():
     """fitting_batch counts the target's and the draft's KV cache at the context, plus the step's
     activations and 4 GiB spare: exactly enough memory for 192 requests at 4096 gives 192."""
-    cfg = cal.CalibrateConfig(shape="llama-3.1-8b", name="x", out=cal.Path("x.yaml"), contexts=(1024, 4096))
+    cfg = cal.CalibrateConfig(shape="llama-3.1-8b", name="x", out=Path("x.yaml"), contexts=(1024, 4096))
     per_token = 2 * (32 + 1) * 8 * 128 * 2  # k and v, 32 target layers + 1 draft layer, 8 kv heads x 128, bf16
     acts = 8 * (128256 * (2 + 4) + 4 * 14336 * 2)  # 8 tokens (q=8): logits + a float copy, the MLP's
     need = 192 * (per_token * (4096 + 8 + 4) + acts) + 4 * 2**30
@@ -435,3 +438,12 @@ def test_batches_whose_cache_does_not_fit_are_left_out():
     assert cal.fitting_batch(cfg, 4096, need - 1) == 160
     assert cal.fitting_batch(cfg, 1024, need) == 256  # a shorter context fits more
     assert cal.fitting_batch(cfg, 4096, 2**30) == 0
+
+
+def test_the_dynspec_command_does_not_import_torch():
+    """torch is calibrate's alone: every other command (and a patched server) starts without it."""
+    import subprocess
+    import sys
+
+    code = "import sys, dynspec.cli, dynspec.calibrate; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

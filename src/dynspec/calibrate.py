@@ -1,14 +1,11 @@
 """`dynspec calibrate`: measure a step-cost profile on this machine's GPU.
 
-What a decode step costs depends on the model's shapes, not its weight values, so the
-steps are timed on a Llama-style decoder of the real architecture (a preset, or any dense
-Hugging Face config.json) with random weights: plain torch RMSNorm, RoPE, GQA attention over
-a preallocated KV cache with scaled_dot_product_attention (the query heads of one kv head
-grouped into rows, as decode kernels do), SwiGLU MLP, lm_head; and an EAGLE-3 draft head (an
-fc fusing three target hidden states, a decoder layer over [embedding, hidden], a
-smaller-vocabulary lm_head).  Per context length and batch size, each piece is captured in a
-CUDA graph (SGLang replays graphs for decode) and timed with CUDA events: the median of N
-replays after warm-up.
+What a decode step costs depends on the model's shapes, not its weight values, so the steps
+are timed on a model of the real architecture with random weights (`random_model`: a
+Llama-style decoder of a preset's or a Hugging Face config.json's shapes, `model_shapes`, and
+an EAGLE-3 draft head).  Per context length and batch size, each piece is captured in a CUDA
+graph (SGLang replays graphs for decode) and timed with CUDA events: the median of N replays
+after warm-up.
 
     plain    target forward of 1 token per request + greedy argmax
     verify   target forward of num_steps+1 tokens per request (topk 1) + argmax + acceptance compare
@@ -19,6 +16,7 @@ replays after warm-up.
     forward  target forward of q tokens per request, for each --tokens-per-request: the curve
              that shows where verifying turns compute-bound
 
+Batch sizes whose KV cache does not fit at a context are left out of that context's table.
 Acceptance is not measurable with random weights: --accept-length (default 2.5) is recorded as
 an assumption.  On CPU it runs too (no graphs, wall-clock times), which is what the tests use.
 
@@ -38,13 +36,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-# torch is imported on first use (`_require_torch`): `dynspec --help` imports every
-# command module, and torch is not a dependency of the rest of dynspec.
-torch = None
-F = None
+from dynspec.model_shapes import PRESETS, ModelDims, ShapeError, resolve_shape
 
-DTYPES = ("bfloat16", "float16", "float32")
+if TYPE_CHECKING:
+    from dynspec.random_model import StepSet
+
+DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}  # bytes per element
 STEP_KINDS = ("plain", "draft", "verify", "extend")
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -53,90 +52,15 @@ class CalibrateError(ValueError):
     """Bad input; the message is one line, shown as `dynspec calibrate: MESSAGE`."""
 
 
-# --------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    rope_theta: float = 500000.0
-    norm_eps: float = 1e-5
-    head_dim: int = 0  # 0: hidden // heads (most Llama-style configs leave it out)
-
-    def __post_init__(self) -> None:
-        if min(self.hidden, self.layers, self.heads, self.kv_heads, self.intermediate, self.vocab) < 1:
-            raise CalibrateError("model dimensions must be positive")
-        if not self.head_dim:
-            if self.hidden % self.heads:
-                raise CalibrateError(f"hidden {self.hidden} does not split into {self.heads} heads")
-            object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        if self.head_dim % 2 or self.heads % self.kv_heads:
-            raise CalibrateError(f"heads need an even head_dim (got {self.head_dim}) and must split into kv_heads "
-                                 f"groups (got {self.heads} heads, {self.kv_heads} kv heads)")
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
-    def aux_layers(self) -> tuple[int, ...]:
-        # EAGLE-3 fuses three target hidden states; SGLang takes the inputs of layers 2, n/2, n-3.
-        n = self.layers
-        return tuple(min(max(i, 0), n - 1) for i in (2, n // 2, n - 3))
-
-    def kv_bytes_per_token(self, layers: int, dtype_bytes: int) -> int:
-        return 2 * layers * self.kv_heads * self.head_dim * dtype_bytes
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden}, layers {self.layers}, heads {self.heads}, kv heads {self.kv_heads}, "
-                f"head dim {self.head_dim}, intermediate {self.intermediate}, vocab {self.vocab}")
-
-
-PRESETS = {
-    "llama-3.1-8b": ModelDims(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256),
-    "tiny": ModelDims(hidden=64, layers=4, heads=4, kv_heads=2, intermediate=128, vocab=512),  # tests, CPU
-}
-
-# A Hugging Face config.json's keys -> ModelDims fields (the Llama family's names).
-_HF_KEYS = {"hidden_size": "hidden", "num_hidden_layers": "layers", "num_attention_heads": "heads",
-            "intermediate_size": "intermediate", "vocab_size": "vocab"}
-_HF_OPTIONAL = {"num_key_value_heads": "kv_heads", "rope_theta": "rope_theta", "rms_norm_eps": "norm_eps",
-                "head_dim": "head_dim"}
-
-
-def dims_from_hf_config(path: Path) -> ModelDims:
-    """A dense decoder's shapes from its Hugging Face config.json (nothing downloaded)."""
+def _torch():
+    """torch, imported on first use: `dynspec --help` imports every command module, and torch
+    is not a dependency of the rest of dynspec."""
     try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise CalibrateError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise CalibrateError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(cfg, dict):
-        raise CalibrateError(f"{path}: a config.json is a JSON object")
-    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
-    if any(k in cfg for k in ("num_local_experts", "n_routed_experts", "num_experts")):
-        raise CalibrateError(f"{path}: a mixture-of-experts model; calibrate builds dense Llama-style decoders only")
-    missing = [k for k in _HF_KEYS if not isinstance(cfg.get(k), int)]
-    if missing:
-        raise CalibrateError(f"{path}: missing or not an integer: {', '.join(missing)}")
-    kw = {field: cfg[key] for key, field in _HF_KEYS.items()}
-    kw.update({field: cfg[key] for key, field in _HF_OPTIONAL.items() if cfg.get(key) is not None})
-    kw.setdefault("kv_heads", kw["heads"])
-    return ModelDims(**kw)
+        import torch
+    except ImportError:
+        raise CalibrateError("needs PyTorch (pip install torch)") from None
+    return torch
 
-
-def resolve_shape(shape: str) -> ModelDims:
-    if shape in PRESETS:
-        return PRESETS[shape]
-    if shape.endswith(".json") or Path(shape).exists():
-        return dims_from_hf_config(Path(shape))
-    raise CalibrateError(f"unknown --shape {shape!r} (a preset: {', '.join(PRESETS)}; or a path to a config.json)")
 
 
 @dataclass(frozen=True)
@@ -192,7 +116,10 @@ class CalibrateConfig:
             raise CalibrateError("--name must not be empty")
         if self.out.suffix not in (".yaml", ".yml"):
             raise CalibrateError(f"{self.out}: a profile is written as .yaml")
-        object.__setattr__(self, "dims", resolve_shape(self.shape))
+        try:
+            object.__setattr__(self, "dims", resolve_shape(self.shape))
+        except ShapeError as exc:
+            raise CalibrateError(str(exc)) from None
         if self.draft_vocab > self.dims.vocab:
             raise CalibrateError(f"--draft-vocab {self.draft_vocab} exceeds the {self.shape_name} vocabulary "
                                  f"({self.dims.vocab})")
@@ -240,295 +167,15 @@ def parse_ints(text: str, option: str) -> tuple[int, ...]:
         raise CalibrateError(f"{option} takes comma-separated integers, got {text!r}") from None
 
 
-# ------------------------------------------------------------------- the model (torch)
-
-
-def _require_torch() -> None:
-    global torch, F
-    if torch is None:
-        try:
-            import torch as _torch
-            import torch.nn.functional as _F
-        except ImportError:
-            raise CalibrateError("needs PyTorch (pip install torch)") from None
-        torch, F = _torch, _F
-
-
-def rms_norm(x, w, eps: float):
-    xf = x.float() if x.element_size() < 4 else x  # half precision: the statistics in float32
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-class Rope:
-    """cos/sin tables for every position (Llama-3.1's frequency scaling left out: same cost)."""
-
-    def __init__(self, dims: ModelDims, max_len: int, dtype, device):
-        d = dims.head_dim
-        inv = dims.rope_theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
-        ang = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv)
-        ang = torch.cat([ang, ang], -1)
-        self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
-
-    def apply(self, x, pos: int):  # x [B, T, heads, D]
-        t = x.shape[1]
-        c, s = self.cos[pos:pos + t, None, :], self.sin[pos:pos + t, None, :]
-        x1, x2 = x.chunk(2, -1)
-        return x * c + torch.cat([-x2, x1], -1) * s
-
-
-_MASKS: dict = {}
-
-
-def _verify_mask(group: int, t: int, pos: int, s: int, dtype, device):
-    # Row g*t + i is query i (position pos+i) of the g-th head sharing a kv head: it sees keys 0..pos+i.
-    # Additive and in the query's dtype, made once, so no step converts a boolean mask.
-    key = (group, t, pos, s, dtype, str(device))
-    if key not in _MASKS:
-        qpos = pos + torch.arange(t, device=device).repeat(group)
-        allowed = torch.arange(s, device=device)[None, :] <= qpos[:, None]
-        _MASKS[key] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
-    return _MASKS[key]
-
-
-def attend(q, k, v, pos: int):
-    """Causal GQA attention of q [B, T, heads, D] at positions pos.. over cached k, v [B, kv, pos+T, D]."""
-    _require_torch()
-    b, t, h, d = q.shape
-    kv, s = k.shape[1], k.shape[2]
-    g = h // kv
-    if s != pos + t:
-        raise ValueError(f"attend: {s} cached keys for queries at {pos}..{pos + t - 1}")
-    if pos == 0 and t > 1:
-        # A prefill: queries and keys aligned, so SDPA's causal flag is right; repeating kv heads
-        # costs little next to the prefill's matmuls.
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(g, 1),
-                                             v.repeat_interleave(g, 1), is_causal=True)
-        return out.transpose(1, 2)
-    # Decode and verify: the g query heads sharing a kv head become g*t query rows of one head, so
-    # each cached kv head is read once (as decode kernels do), with no repeat of the cache.
-    qg = q.view(b, t, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)
-    mask = None if t == 1 else _verify_mask(g, t, pos, s, q.dtype, q.device)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    return out.view(b, kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-
-class KVCache:
-    """One contiguous [batch, kv_heads, max_len, head_dim] tensor per layer for k and for v."""
-
-    def __init__(self, k: list, v: list):
-        self.k, self.v = k, v
-
-    @classmethod
-    def empty(cls, n_layers: int, dims: ModelDims, batch: int, max_len: int, dtype, device) -> KVCache:
-        shape = (batch, dims.kv_heads, max_len, dims.head_dim)
-        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
-
-    def batch(self, b: int) -> KVCache:
-        return KVCache([k[:b] for k in self.k], [v[:b] for v in self.v])
-
-    def fill_random(self, gen) -> None:
-        # Decode reads the whole context: its values don't matter, but they must not be zeros.
-        for t in self.k + self.v:
-            t.normal_(generator=gen)
-
-
-def _rand(gen, shape, scale: float, dtype, device):
-    return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
-
-
-def _norm_weight(gen, n: int, dtype, device):
-    return (1.0 + 0.1 * torch.randn(n, generator=gen, device=device)).to(dtype)
-
-
-class Layer:
-    """One Llama decoder layer's weights: fused qkv and gate/up projections, as serving engines load them."""
-
-    def __init__(self, dims: ModelDims, in_dim: int, gen, dtype, device):
-        d, hd = dims, dims.head_dim
-        self.dims = dims
-        self.ln_attn = _norm_weight(gen, d.hidden, dtype, device)
-        self.wqkv = _rand(gen, ((d.heads + 2 * d.kv_heads) * hd, in_dim), in_dim ** -0.5, dtype, device)
-        self.wo = _rand(gen, (d.hidden, d.heads * hd), (d.heads * hd) ** -0.5, dtype, device)
-        self.ln_mlp = _norm_weight(gen, d.hidden, dtype, device)
-        self.w13 = _rand(gen, (2 * d.intermediate, d.hidden), d.hidden ** -0.5, dtype, device)
-        self.w2 = _rand(gen, (d.hidden, d.intermediate), d.intermediate ** -0.5, dtype, device)
-
-    def attention(self, x, k_cache, v_cache, pos: int, rope: Rope):
-        """Self-attention of the normed input x [B, T, in_dim] at positions pos..; writes k, v to the cache."""
-        d = self.dims
-        b, t, _ = x.shape
-        q, k, v = F.linear(x, self.wqkv).split([d.heads * d.head_dim, d.kv_heads * d.head_dim,
-                                                 d.kv_heads * d.head_dim], -1)
-        q = rope.apply(q.view(b, t, d.heads, d.head_dim), pos)
-        k = rope.apply(k.view(b, t, d.kv_heads, d.head_dim), pos)
-        k_cache[:, :, pos:pos + t] = k.transpose(1, 2)
-        v_cache[:, :, pos:pos + t] = v.view(b, t, d.kv_heads, d.head_dim).transpose(1, 2)
-        out = attend(q, k_cache[:, :, :pos + t], v_cache[:, :, :pos + t], pos)
-        return F.linear(out.reshape(b, t, d.heads * d.head_dim), self.wo)
-
-    def mlp(self, x):
-        gate, up = F.linear(x, self.w13).chunk(2, -1)
-        return F.linear(F.silu(gate) * up, self.w2)
-
-
-class TargetModel:
-    """A Llama-style decoder with random weights: the target of speculative decoding."""
-
-    def __init__(self, dims: ModelDims, dtype, device, max_len: int, seed: int = 0):
-        _require_torch()
-        gen = torch.Generator(device=device).manual_seed(seed)
-        self.dims, self.dtype, self.device = dims, dtype, device
-        self.embed = _rand(gen, (dims.vocab, dims.hidden), 1.0, dtype, device)
-        self.layers = [Layer(dims, dims.hidden, gen, dtype, device) for _ in range(dims.layers)]
-        self.norm = _norm_weight(gen, dims.hidden, dtype, device)
-        self.lm_head = _rand(gen, (dims.vocab, dims.hidden), dims.hidden ** -0.5, dtype, device)
-        self.rope = Rope(dims, max_len, dtype, device)
-
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache.empty(self.dims.layers, self.dims, batch, max_len, self.dtype, self.device)
-
-    def forward(self, tokens, cache: KVCache, pos: int, aux: bool = False):
-        """tokens [B, T] at positions pos..pos+T-1 -> (final normed hidden [B, T, H], EAGLE-3 aux states)."""
-        x = F.embedding(tokens, self.embed)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            if aux and i in self.dims.aux_layers:
-                captured[i] = x
-            x = x + layer.attention(rms_norm(x, layer.ln_attn, self.dims.norm_eps), cache.k[i], cache.v[i],
-                                    pos, self.rope)
-            x = x + layer.mlp(rms_norm(x, layer.ln_mlp, self.dims.norm_eps))
-        aux_states = [captured[i] for i in self.dims.aux_layers] if aux else None
-        return rms_norm(x, self.norm, self.dims.norm_eps), aux_states
-
-    def logits(self, h):
-        return F.linear(h, self.lm_head)
-
-
-class DraftHead:
-    """EAGLE-3's draft model: fc(3 target hidden states) + a decoder layer over [embedding, hidden]
-    (+ more plain decoder layers when asked for) + a smaller-vocabulary lm_head."""
-
-    def __init__(self, target: TargetModel, draft_vocab: int, seed: int = 1, layers: int = 1):
-        dims, dtype, device = target.dims, target.dtype, target.device
-        gen = torch.Generator(device=device).manual_seed(seed)
-        self.dims, self.dtype, self.device, self.rope = dims, dtype, device, target.rope
-        self.embed = target.embed  # EAGLE-3 heads reuse the target's embedding
-        self.fc = _rand(gen, (dims.hidden, 3 * dims.hidden), (3 * dims.hidden) ** -0.5, dtype, device)
-        self.ln_hidden = _norm_weight(gen, dims.hidden, dtype, device)
-        self.layer = Layer(dims, 2 * dims.hidden, gen, dtype, device)  # its qkv reads [embedding, hidden]
-        self.more = [Layer(dims, dims.hidden, gen, dtype, device) for _ in range(layers - 1)]
-        self.norm = _norm_weight(gen, dims.hidden, dtype, device)
-        self.lm_head = _rand(gen, (draft_vocab, dims.hidden), dims.hidden ** -0.5, dtype, device)
-        # The draft vocabulary's target token ids (SGLang's hot-token map).
-        self.hot_ids = torch.randperm(dims.vocab, generator=gen, device=device)[:draft_vocab]
-
-    @property
-    def n_layers(self) -> int:
-        return 1 + len(self.more)
-
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return KVCache.empty(self.n_layers, self.dims, batch, max_len, self.dtype, self.device)
-
-    def forward(self, tokens, hidden, cache: KVCache, pos: int):
-        """tokens [B, T], hidden [B, T, 3H] (target's) or [B, T, H] (own) -> (normed, pre-norm hidden)."""
-        eps = self.dims.norm_eps
-        if hidden.shape[-1] != self.dims.hidden:
-            hidden = F.linear(hidden, self.fc)
-        x = torch.cat([rms_norm(F.embedding(tokens, self.embed), self.layer.ln_attn, eps),
-                       rms_norm(hidden, self.ln_hidden, eps)], -1)
-        r = hidden + self.layer.attention(x, cache.k[0], cache.v[0], pos, self.rope)
-        out = r + self.layer.mlp(rms_norm(r, self.layer.ln_mlp, eps))
-        for i, layer in enumerate(self.more, 1):
-            out = out + layer.attention(rms_norm(out, layer.ln_attn, eps), cache.k[i], cache.v[i], pos, self.rope)
-            out = out + layer.mlp(rms_norm(out, layer.ln_mlp, eps))
-        return rms_norm(out, self.norm, eps), out
-
-    def logits(self, h):
-        return F.linear(h, self.lm_head)
-
-
-class StepSet:
-    """The pieces of one speculative step, and target forwards of q tokens, at one batch size.
-
-    Inputs and outputs are static tensors and positions are fixed (the context length), so
-    every method can be captured in a CUDA graph and replayed: each replay rewrites the same
-    cache slots.
-    """
-
-    def __init__(self, target: TargetModel, draft: DraftHead, tcache: KVCache, dcache: KVCache,
-                 bs: int, context_len: int, num_steps: int, seed: int = 2, max_q: int = 1):
-        dev, dims = target.device, target.dims
-        gen = torch.Generator(device=dev).manual_seed(seed)
-        t = num_steps + 1
-        self.target, self.draft, self.bs, self.ctx, self.num_steps = target, draft, bs, context_len, num_steps
-        self.tcache, self.dcache = tcache.batch(bs), dcache.batch(bs)
-        self.rows = torch.arange(bs, device=dev)
-        self.tok1 = torch.randint(0, dims.vocab, (bs, 1), generator=gen, device=dev)
-        self.tokens = torch.randint(0, dims.vocab, (bs, t), generator=gen, device=dev)  # last token + drafts
-        self.tok_q = torch.randint(0, dims.vocab, (bs, max(max_q, 1)), generator=gen, device=dev)
-        self.hidden1 = torch.randn((bs, 1, dims.hidden), generator=gen, device=dev).to(target.dtype)
-        self.aux = torch.randn((bs, t, 3 * dims.hidden), generator=gen, device=dev).to(target.dtype)
-        self.last_accepted = torch.randint(0, t, (bs,), generator=gen, device=dev)
-        self.out_token = torch.zeros(bs, dtype=torch.long, device=dev)
-        self.out_q = torch.zeros((bs, max(max_q, 1)), dtype=torch.long, device=dev)
-        self.out_accept = torch.zeros(bs, dtype=torch.long, device=dev)
-        self.out_aux = torch.zeros_like(self.aux)
-        self.out_drafts = torch.zeros((bs, max(num_steps - 1, 1)), dtype=torch.long, device=dev)
-        self.out_hidden = torch.zeros((bs, dims.hidden), dtype=target.dtype, device=dev)
-
-    def plain(self) -> None:
-        h, _ = self.target.forward(self.tok1, self.tcache, self.ctx)
-        self.out_token.copy_(self.target.logits(h)[:, -1].argmax(-1))
-
-    def forward_fn(self, q: int) -> Callable[[], None]:
-        """The target's forward of q tokens per request + greedy argmax at each (q = 1: the plain step)."""
-        if q == 1:
-            return self.plain
-
-        def forward() -> None:
-            h, _ = self.target.forward(self.tok_q[:, :q], self.tcache, self.ctx)
-            self.out_q[:, :q].copy_(self.target.logits(h).argmax(-1))
-        return forward
-
-    def verify(self) -> None:
-        h, aux = self.target.forward(self.tokens, self.tcache, self.ctx, aux=True)
-        choice = self.target.logits(h).argmax(-1)  # the target's token after each position
-        # A draft is accepted while every draft before it matched the target's choice.
-        matched = (self.tokens[:, 1:] == choice[:, :-1]).long().cumprod(-1)
-        self.out_accept.copy_(matched.sum(-1) + 1)
-        self.out_aux.copy_(torch.cat(aux, -1))  # the draft-extend's input
-
-    def draft_chain(self) -> None:
-        tok, hid = self.tok1, self.hidden1
-        for i in range(self.num_steps - 1):
-            hn, hid = self.draft.forward(tok, hid, self.dcache, self.ctx + 1 + i)
-            top = torch.softmax(self.draft.logits(hn).float(), -1).argmax(-1)  # topk 1
-            tok = self.draft.hot_ids[top]
-            self.out_drafts[:, i:i + 1].copy_(tok)
-
-    def extend(self) -> None:
-        hn, hid = self.draft.forward(self.tokens, self.aux, self.dcache, self.ctx)
-        last = self.draft.logits(hn)[self.rows, self.last_accepted]
-        self.out_token.copy_(self.draft.hot_ids[torch.softmax(last.float(), -1).argmax(-1)])
-        self.out_hidden.copy_(hid[self.rows, self.last_accepted])
-
-
 # ------------------------------------------------------------------------- timing
 
-
-def _sdpa_fused_only():
-    """On CUDA, SDPA may not fall back to its unfused math kernel (it would misstate the cost)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
-        fused.append(SDPBackend.CUDNN_ATTENTION)
-    return sdpa_kernel(fused)
 
 
 def time_ms(fn: Callable[[], None], *, repeats: int, warmup: int, device, graphs: bool) -> tuple[list[float], str]:
     """Milliseconds per call of fn, one value per repeat, and how it ran ("cuda-graph", "eager", "cpu")."""
+    from dynspec.random_model import fused_attention_only
+
+    torch = _torch()
     if device.type != "cuda":
         for _ in range(warmup):
             fn()
@@ -541,19 +188,19 @@ def time_ms(fn: Callable[[], None], *, repeats: int, warmup: int, device, graphs
     run, how, graph = fn, "eager", None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), _sdpa_fused_only():
+    with torch.cuda.stream(side), fused_attention_only():
         for _ in range(2):  # graph capture needs the kernels' first-call work done
             fn()
     torch.cuda.current_stream().wait_stream(side)
     if graphs:
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), _sdpa_fused_only():
+            with torch.cuda.graph(graph), fused_attention_only():
                 fn()
             run, how = graph.replay, "cuda-graph"
         except RuntimeError as exc:  # time it eagerly rather than lose the point; the raw JSON says so
             graph, how = None, f"eager (graph capture failed: {str(exc).splitlines()[0][:200]})"
-    with _sdpa_fused_only():
+    with fused_attention_only():
         for _ in range(warmup):
             run()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -567,30 +214,10 @@ def time_ms(fn: Callable[[], None], *, repeats: int, warmup: int, device, graphs
     return [s.elapsed_time(e) for s, e in zip(starts, ends)], how
 
 
-def check_attention(dims: ModelDims, dtype, device, context_len: int, queries, seed: int = 0) -> dict[int, float]:
-    """Relative error of the attention as timed (fused kernels on CUDA) against a plain float32
-    computation (kv heads repeated, explicit causal mask) on the same inputs, for 1 and each
-    number of queries per request in `queries`."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    errors = {}
-    for n in sorted({1, *queries}):
-        q = torch.randn((2, n, dims.heads, dims.head_dim), generator=gen, device=device).to(dtype)
-        k, v = (torch.randn((2, dims.kv_heads, context_len + n, dims.head_dim), generator=gen, device=device).to(dtype)
-                for _ in range(2))
-        if device.type == "cuda":
-            with _sdpa_fused_only():
-                out = attend(q, k, v, context_len).float()
-        else:
-            out = attend(q, k, v, context_len).float()
-        kf, vf = (x.float().repeat_interleave(dims.group, 1) for x in (k, v))
-        scores = q.float().transpose(1, 2) @ kf.transpose(-1, -2) / dims.head_dim ** 0.5
-        allowed = torch.arange(context_len + n, device=device)[None, :] <= (context_len + torch.arange(n, device=device))[:, None]
-        ref = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ vf).transpose(1, 2)
-        errors[n] = float((out - ref).norm() / ref.norm())
-    return errors
 
 
 def _environment(device) -> dict:
+    torch = _torch()
     env = {"torch": torch.__version__, "python": platform.python_version()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -610,7 +237,7 @@ def _environment(device) -> dict:
 def fitting_batch(cfg: CalibrateConfig, context: int, free_bytes: int) -> int:
     """The largest batch size whose KV caches (target and draft, contiguous) and step activations
     fit in free_bytes at this context, keeping 4 GiB spare for CUDA graphs and the allocator."""
-    dims, elem = cfg.dims, getattr(torch, cfg.dtype).itemsize
+    dims, elem = cfg.dims, DTYPES[cfg.dtype]
     per_token = dims.kv_bytes_per_token(dims.layers + cfg.draft_layers, elem)
     tokens = max(cfg.forward_tokens[-1], cfg.verify_tokens)
     # Per request: its cache, plus the largest activations (logits and a float copy, the MLP's).
@@ -651,7 +278,9 @@ def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m:
     """Time every step piece at every (context, batch size), and a prefill; return the raw timings."""
     from tqdm import tqdm
 
-    _require_torch()
+    from dynspec.random_model import DraftHead, StepSet, TargetModel, check_attention
+
+    torch = _torch()
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
@@ -912,8 +541,7 @@ def _run(args) -> int:
     prog = "dynspec calibrate"
     try:
         cfg = config_from_args(args)
-        _require_torch()
-        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        if cfg.device.startswith("cuda") and not _torch().cuda.is_available():
             raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
         raw = run_calibration(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         raw["date"] = time.strftime("%Y-%m-%d")

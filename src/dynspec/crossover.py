@@ -119,3 +119,27 @@ def step_cost_figure(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def forward_curve_figure(profiles: list[Profile]):
+    """For each measured table with a forward_ms curve: the target's forward time against the
+    tokens it processes (batch x q), a line per q. Where the lines for different q lie on one
+    curve, time depends only on the tokens, i.e. the forward is compute-bound; a verify of q=k+1
+    tokens gets there at a k+1 times smaller batch than a plain step. None when no profile has one."""
+    import matplotlib.pyplot as plt
+
+    tables = [(p, t) for p in profiles for t in p.steps if t.forward_ms]
+    if not tables:
+        return None
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.8), squeeze=False, sharey=True)
+    for ax, (p, t) in zip(axes[0], tables):
+        for q, ms in sorted(t.forward_ms.items()):
+            ax.plot([b * q for b in t.batch_size], ms, marker="o", ms=3, label=f"q={q}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens in the forward (batch x q)")
+        ax.set_title(f"{p.name}, context {t.context_len}", fontsize=10)
+    axes[0][0].set_ylabel("target forward, ms")
+    axes[0][-1].legend(loc="upper left", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
