@@ -6,7 +6,7 @@ shipped profile.  Printed beside it, the same ratio for a static threshold and S
 default tiers.
 
     .venv/bin/python benchmarks/envelope.py [--profile NAME ...] [--threshold 32] [--seeds 3]
-        [--input-len 1024] [--output-len 256] [--out FILE.csv]
+        [--input-len 1024] [--output-len 256] [--free-catch-up] [--out FILE.csv]
 
 Each level runs with seeds 0..N-1 (different per-request acceptance draws); the table
 shows mean throughputs and, per arm, the worst ratio over the seeds.  Exit status 1
@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="run seeds 0..N-1; ratios are the worst over them")
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--free-catch-up", action="store_true",
+                    help="what if: switching arms' plain steps cost no more than the plain server's "
+                         "(no draft-extend; Profile.catch_up_time)")
     ap.add_argument("--out", help="also write every row to this .csv/.parquet")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.process_time()
     for profile in load_profiles(args.profile):
         df = simulate_envelope(profile, levels, args.seeds, ("dynamic", *others),
-                               input_len=args.input_len, output_len=args.output_len)
+                               input_len=args.input_len, output_len=args.output_len,
+                               catch_up=not args.free_catch_up)
         frames.append(df)
         by = df.groupby(["arm", "concurrency"])
         mean, worst = by.output_throughput.mean(), by.of_envelope.min()

@@ -214,3 +214,23 @@ def test_step_times_follow_the_batchs_context_when_the_profile_has_several():
         eng.submit(n, 2)
         times.append([s.duration for s in run(eng) if s.kind == "decode"][0])
     assert times[0] == times[1] == pytest.approx(one.plain_time(1))
+
+
+def test_a_switching_servers_plain_steps_pay_the_draft_catch_up():
+    """Inside a server that can speculate, a plain step also runs the draft-extend that keeps the
+    draft current (extend_ms); the plain server does not, and catch_up=False is the what-if."""
+    p = make_profile(steps={"batch_size": [1, 8, 64], "plain_ms": [10.0, 12.0, 40.0], "spec_ms": [15.0, 20.0, 90.0],
+                            "extend_ms": [1.0, 1.5, 4.0]})
+    assert p.catch_up_time(8) == pytest.approx(0.0015) and make_profile().catch_up_time(8) == 0.0
+
+    def first_decode(policy, **kw):
+        eng = Engine(p, policy, **kw)
+        for _ in range(8):
+            eng.submit(4, 3)
+        return [s for s in run(eng) if s.kind == "decode"][0]
+
+    never = build_policy("never")
+    assert first_decode(None).duration == pytest.approx(0.012)  # the plain server
+    assert first_decode(never).duration == pytest.approx(0.0135)  # plain + catch-up
+    assert first_decode(build_policy("never"), catch_up=False).duration == pytest.approx(0.012)
+    assert first_decode(build_policy("always")).duration == pytest.approx(0.020)  # a speculative step: no extra

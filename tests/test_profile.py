@@ -145,3 +145,14 @@ def test_crossover_batch_is_where_accept_length_plain_steps_cost_a_speculative_o
     assert p.crossover_batch(3.5) is None  # pays at every measured batch size
     assert p.crossover_batch() == p.crossover_batch(p.acceptance.accept_length)
     assert p.crossover_batch(3.5, up_to=1000) > 64  # found on the extended last segment
+
+
+def test_spec_ms_goes_with_extend_ms_alone():
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [15, 40], "extend_ms": [1, 3]}
+    p = parse_profile(d)
+    assert p.spec_time(1) == pytest.approx(0.015)  # extend is inside spec_ms, not added to it
+    assert p.catch_up_time(64) == pytest.approx(0.003)
+    d["steps"]["verify_ms"] = [11, 30]
+    with pytest.raises(ProfileError, match="give spec_ms or its parts, not both"):
+        parse_profile(d)

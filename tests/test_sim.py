@@ -139,6 +139,14 @@ assumptions: ["made up"]
     loaded = load_profile(out)
     assert loaded.provenance.command == f"dynspec fit {spec_path} --out {out}"
     assert loaded.steps[0].batch_size == [1, 4]
+    assert loaded.catch_up_time(1) == 0.0  # no catch_up_fraction: no extend_ms
+
+    # catch_up_fraction: extend_ms is that share of each plain knot, and the fitted arms (which never
+    # take a plain step inside a speculative server) come out the same.
+    spec_path.write_text(spec_path.read_text() + "catch_up_fraction: 0.05\n")
+    with_cu, table2 = fit(load_fit_spec(spec_path))
+    assert with_cu.steps[0].extend_ms == [round(0.05 * x, 4) for x in with_cu.steps[0].plain_ms]
+    assert with_cu.steps[0].plain_ms == profile.steps[0].plain_ms and table2 == table
 
 
 def test_fit_spec_errors_name_the_problem(tmp_path):

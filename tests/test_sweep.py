@@ -166,7 +166,9 @@ def test_server_killed_mid_level_keeps_measured_rows_and_moves_on(tmp_path):
 
 
 def test_resume_after_interruption(tmp_path):
-    cfg = cfg_file(tmp_path, num_prompts=16, output_len=32, emulate={"time_scale": 10.0})
+    # Slow enough (time scale 2: about 6 s of levels after the first row) that the Ctrl-C lands
+    # mid-sweep even when this machine is busy and the poll below wakes late.
+    cfg = cfg_file(tmp_path, num_prompts=16, output_len=32, emulate={"time_scale": 2.0})
     runs = tmp_path / "runs"
     run = runs / "intr"
     proc = subprocess.Popen([sys.executable, "-m", "dynspec", "sweep", "--config", str(cfg), "--run-id", "intr",

@@ -183,7 +183,7 @@ class Engine:
     """Continuous batching over a profile; `policy=None` means a server without speculation."""
 
     def __init__(self, profile, policy: Policy | None = None, *, seed: int = 0,
-                 max_running_requests: int | None = None, record_itl: bool = False):
+                 max_running_requests: int | None = None, record_itl: bool = False, catch_up: bool = True):
         if max_running_requests is not None and max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.profile = profile
@@ -212,6 +212,9 @@ class Engine:
         self._extrap: list[bool] = []
         self._ctx_times: dict[tuple[int, int], tuple[float, float, bool]] = {}
         self._context_aware = profile.context_aware  # step times by context too (several tables)
+        # A server that can speculate pays a draft catch-up on its plain steps (Profile.catch_up_time);
+        # the plain server (policy None) does not.  catch_up=False: what if it were free.
+        self._switchable = policy is not None and catch_up
 
     # Requests -------------------------------------------------------------------------
     def draw_accept_rate(self) -> float:
@@ -268,11 +271,13 @@ class Engine:
             key = (bs, ctx)
             if key not in self._ctx_times:
                 p = self.profile
-                self._ctx_times[key] = (p.plain_time(bs, ctx), p.spec_time(bs, ctx), p.extrapolates(bs, ctx))
+                plain = p.plain_time(bs, ctx) + (p.catch_up_time(bs, ctx) if self._switchable else 0.0)
+                self._ctx_times[key] = (plain, p.spec_time(bs, ctx), p.extrapolates(bs, ctx))
             return self._ctx_times[key]
         while len(self._plain_t) <= bs:
             n = len(self._plain_t)
-            self._plain_t.append(self.profile.plain_time(n))
+            catch_up = self.profile.catch_up_time(n) if self._switchable else 0.0
+            self._plain_t.append(self.profile.plain_time(n) + catch_up)
             self._spec_t.append(self.profile.spec_time(n))
             self._extrap.append(self.profile.extrapolates(n))
         return self._plain_t[bs], self._spec_t[bs], self._extrap[bs]

@@ -61,6 +61,10 @@ class FitSpec(_Strict):
     targets: list[Target] = Field(min_length=1)
     # Plain step time per extra request (ms) for knots without a baseline target.
     plain_slope_ms: float | None = Field(None, ge=0)
+    # The draft-extend a plain step pays inside a server that can switch back to speculating, as a
+    # fraction of the plain step at each knot: written as extend_ms (Profile.catch_up_time).  The
+    # fitted arms (plain server, always speculating) never pay it, so the fit does not depend on it.
+    catch_up_fraction: float = Field(0.0, ge=0, lt=1)
     tolerance: float = Field(0.03, gt=0, lt=1)  # relative error every target must meet
     source: str
     kind: Literal["fitted", "derived"] = "fitted"
@@ -97,7 +101,9 @@ def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], co
         name=spec.name, description=spec.description, hardware=spec.hardware, model=spec.model,
         speculative=spec.speculative, acceptance=spec.acceptance, prefill=spec.prefill,
         steps=[Steps(batch_size=[t.concurrency for t in spec.targets],
-                     plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms])],
+                     plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms],
+                     extend_ms=[round(spec.catch_up_fraction * x, 4) for x in plain_ms]
+                     if spec.catch_up_fraction else None)],
         provenance=Provenance(kind=spec.kind, source=spec.source, command=command,
                               assumptions=list(spec.assumptions)),
     )

@@ -334,7 +334,7 @@ class Goodput(Policy):
             self.acc_global = profile.acceptance.mean_accepted
             for b in range(n):
                 bs = bucket_mid(b)
-                self.t_est[0][b] = profile.plain_time(bs)
+                self.t_est[0][b] = profile.plain_time(bs) + profile.catch_up_time(bs)  # as the patched server's
                 self.t_est[1][b] = profile.spec_time(bs)
         # Times measured since the last sync: [mode][bucket] sum and count.
         self._t_sum = [[0.0] * n, [0.0] * n]

@@ -71,6 +71,8 @@ class Steps(_Strict):
         parts = [self.draft_ms, self.verify_ms, self.extend_ms]
         if self.spec_ms is None and any(p is None for p in parts):
             raise ValueError("give spec_ms, or all of draft_ms, verify_ms and extend_ms")
+        if self.spec_ms is not None and (self.draft_ms is not None or self.verify_ms is not None):
+            raise ValueError("give spec_ms or its parts, not both (extend_ms alone may go with spec_ms)")
         for key in ("plain_ms", "spec_ms", "draft_ms", "verify_ms", "extend_ms"):
             v = getattr(self, key)
             if v is None:
@@ -172,6 +174,14 @@ class Profile(_Strict):
     def plain_time(self, bs: float, context: float | None = None) -> float:
         """Seconds for one plain decode step at batch size bs (requests of `context` tokens on average)."""
         return self._time_ms("plain_ms", bs, context) / 1000.0
+
+    def catch_up_time(self, bs: float, context: float | None = None) -> float:
+        """Seconds a plain step costs on top of plain_time inside a server that can switch back to
+        speculating: the draft-extend that keeps the draft's KV cache current (dynspec's 0.5.9
+        patch runs the speculative step's own).  extend_ms; 0 when the profile does not give it."""
+        if any(t.extend_ms is None for t in self.steps):
+            return 0.0
+        return self._time_ms("extend_ms", bs, context) / 1000.0
 
     def spec_time(self, bs: float, context: float | None = None) -> float:
         """Seconds for one speculative step (draft + verify + draft-extend) at bs."""

@@ -56,15 +56,16 @@ def _check_level(concurrency: int, num_prompts: int, input_len: int, output_len:
 
 def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | None = None,
                    input_len: int = 1024, output_len: int = 256, seed: int = 0,
-                   engine_out: list | None = None) -> tuple[dict, list[RequestRecord]]:
+                   engine_out: list | None = None, catch_up: bool = True) -> tuple[dict, list[RequestRecord]]:
     """Run one (arm, concurrency) level; return the metric columns and per-request records.
 
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
+    catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
     """
     spec = arm_policy_spec(arm)
     n = default_num_prompts(concurrency) if num_prompts is None else num_prompts
     _check_level(concurrency, n, input_len, output_len)
-    engine = Engine(profile, build_policy(spec) if spec else None, seed=seed, record_itl=True)
+    engine = Engine(profile, build_policy(spec) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
     for _ in range(min(concurrency, n)):
         engine.submit(input_len, output_len)
     sent = min(concurrency, n)
@@ -90,7 +91,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
 
 def run_sim(profile, arms: list[str], concurrencies: list[int], *, num_prompts: int | None = None,
             input_len: int = 1024, output_len: int = 256, seed: int = 0, run_id: str = "",
-            progress: bool = False, on_row=None) -> list[dict]:
+            progress: bool = False, on_row=None, catch_up: bool = True) -> list[dict]:
     """One results row per (arm, concurrency), in that order; on_row(row) after each."""
     specs = {arm: arm_policy_spec(arm) for arm in arms}  # refuse a bad arm before any work
     for c in concurrencies:
@@ -104,7 +105,7 @@ def run_sim(profile, arms: list[str], concurrencies: list[int], *, num_prompts: 
     rows = []
     for arm, c in levels:
         metrics, _ = simulate_level(profile, arm, c, num_prompts=num_prompts, input_len=input_len,
-                                    output_len=output_len, seed=seed)
+                                    output_len=output_len, seed=seed, catch_up=catch_up)
         ids = dict(run_id=run_id, arm=arm, policy=specs[arm] or "none", backend="sim",
                    profile=profile.name, concurrency=c, repeat=0)
         row = make_row(ids, metrics)
