@@ -171,9 +171,16 @@ def test_resume_after_interruption(tmp_path):
     cfg = cfg_file(tmp_path, num_prompts=16, output_len=32, emulate={"time_scale": 2.0})
     runs = tmp_path / "runs"
     run = runs / "intr"
-    proc = subprocess.Popen([sys.executable, "-m", "dynspec", "sweep", "--config", str(cfg), "--run-id", "intr",
-                             "--runs-dir", str(runs), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # A shell without job control starts background jobs with SIGINT ignored, and an ignored
+    # signal stays ignored across exec: had the test run inherited that (CI run as `... &`), the
+    # sweep would never see the Ctrl-C.  A handled signal is reset to the default on exec.
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "dynspec", "sweep", "--config", str(cfg), "--run-id",
+                                 "intr", "--runs-dir", str(runs), "--no-progress"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
     try:
         t0 = time.monotonic()
         while not ((run / "results.csv").exists() and len(rows_of(run)) >= 1):
