@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps, dump_profile
-from dynspec.typed_yaml import parse_model, read_yaml
+from dynspec.typed_yaml import parse_model, read_yaml, validation_message
 
 
 class _Strict(BaseModel):
@@ -79,6 +80,9 @@ class FitSpec(_Strict):
             raise ValueError("need targets at two or more concurrencies (a profile needs two knots)")
         if self.targets[0].baseline is None:
             raise ValueError("the first target needs a baseline throughput")
+        if self.acceptance.mean_accepted > self.speculative.num_steps:
+            raise ValueError(f"acceptance.accept_length {self.acceptance.accept_length:g} exceeds "
+                             f"1 + speculative.num_steps = {1 + self.speculative.num_steps}")
         for t in self.targets:
             if t.eagle3 is None and t.eagle3_speedup is None:
                 raise ValueError(f"target at concurrency {t.concurrency} has no eagle3 figure")
@@ -198,22 +202,51 @@ def profile_yaml(profile: Profile, table: list[dict]) -> str:
     return dump_profile(profile.model_dump(mode="json", exclude_none=True), head)
 
 
+def _spec_and_command(args) -> tuple[FitSpec, str]:
+    if bool(args.spec) == bool(args.from_run):
+        raise FitError("give a fit spec or --from-run RUN_DIR, not both and not neither")
+    if args.spec:
+        return load_fit_spec(args.spec), f"dynspec fit {args.spec} --out {args.out}"
+    import shlex
+
+    from pydantic import ValidationError
+
+    from dynspec.run_fit import spec_from_run
+
+    try:
+        spec = spec_from_run(args.from_run, baseline_arm=args.baseline_arm, eagle3_arm=args.eagle3_arm,
+                             name=args.name, catch_up_fraction=args.catch_up_fraction,
+                             accept_length=args.accept_length)
+    except ValidationError as exc:
+        raise FitError(validation_message(f"fit spec from {args.from_run}", exc)) from None
+    parts = ["dynspec", "fit", "--from-run", str(args.from_run), "--baseline-arm", args.baseline_arm,
+             "--eagle3-arm", args.eagle3_arm, "--name", spec.name, "--catch-up-fraction", f"{args.catch_up_fraction:g}"]
+    if args.accept_length is not None:
+        parts += ["--accept-length", f"{args.accept_length:g}"]
+    return spec, shlex.join(parts + ["--out", str(args.out)])
+
+
 def _run(args) -> int:
     import os
 
     prog = "dynspec fit"
     try:
-        spec = load_fit_spec(args.spec)
         out = Path(args.out)
         if out.suffix not in (".yaml", ".yml"):
             raise FitError(f"{out}: a profile is written as .yaml")
-        command = f"dynspec fit {args.spec} --out {args.out}"
+        spec, command = _spec_and_command(args)
         profile, table = fit(spec, command=command, log=(lambda m: print(m, file=sys.stderr)) if args.verbose else None)
     except FitError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(format_table(table))
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.from_run:  # the spec built from the run, beside the profile: what was fitted, and rerunnable
+        spec_out = out.with_name(out.stem + ".fit.yaml")
+        tmp = spec_out.with_name(spec_out.name + ".tmp")
+        tmp.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100))
+        os.replace(tmp, spec_out)
+        print(f"wrote {spec_out} (the fit spec; `dynspec fit {spec_out} --out {out}` refits it)")
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(profile_yaml(profile, table))
     os.replace(tmp, out)
@@ -222,9 +255,16 @@ def _run(args) -> int:
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("fit", help="fit a profile's step times to published throughputs (runs the simulator)")
-    p.add_argument("spec", help="a fit spec YAML (see configs/fits/)")
+    p = sub.add_parser("fit", help="fit a profile's step times to published or measured throughputs (runs the simulator)")
+    p.add_argument("spec", nargs="?", help="a fit spec YAML (see configs/fits/)")
+    p.add_argument("--from-run", metavar="RUN_DIR",
+                   help="instead of a spec: a sweep's run folder, its plain and EAGLE-3 arms as the targets")
+    p.add_argument("--baseline-arm", default="baseline", help="with --from-run: the plain arm (default baseline)")
+    p.add_argument("--eagle3-arm", default="eagle3", help="with --from-run: the always-speculating arm (default eagle3)")
+    p.add_argument("--name", help="with --from-run: the profile's name (default RUN_ID-fitted)")
+    p.add_argument("--catch-up-fraction", type=float, default=0.0,
+                   help="with --from-run: a switching server's plain-step overhead, as a fraction (default 0)")
+    p.add_argument("--accept-length", type=float, help="with --from-run: instead of the arm's measured mean")
     p.add_argument("--out", required=True, help="the profile YAML to write")
     p.add_argument("--verbose", action="store_true", help="print each iteration's worst error")
     p.set_defaults(func=_run)
-

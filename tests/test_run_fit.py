@@ -1,0 +1,96 @@
+"""`dynspec fit --from-run`: a sweep's own plain and EAGLE-3 arms calibrate the simulator.
+
+The "measured" run here is a simulated sweep of the seed-blackwell profile, so the fit must
+recover that profile's step times and acceptance from the results alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dynspec.cli import main
+from dynspec.fit import FitError
+from dynspec.profile import load_profile
+from dynspec.run_fit import spec_from_run
+from dynspec.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runfit")
+    data = yaml.safe_load((ROOT / "configs" / "ci-tiny.yaml").read_text())
+    data.update(backend="sim", concurrency=[1, 8, 32], num_prompts=64, input_len=512, output_len=64)
+    data["arms"][1]["launch"] = ["python", "-m", "sglang.launch_server", "--speculative-num-steps", "3",
+                                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    from dynspec.config import load_config
+
+    result = run_sweep(load_config(cfg), run_id="measured", runs_dir=tmp / "runs", progress=False, backend="sim")
+    assert not result.failed
+    return result.run_dir
+
+
+def test_the_fit_recovers_the_profile_that_produced_the_run(run_dir, tmp_path, capsys):
+    out = tmp_path / "fitted.yaml"
+    assert main(["fit", "--from-run", str(run_dir), "--catch-up-fraction", "0.04", "--out", str(out)]) == 0
+    fitted, source = load_profile(out), load_profile("seed-blackwell")
+    assert fitted.name == "measured-fitted" and fitted.provenance.kind == "fitted"
+    assert fitted.acceptance.accept_length == pytest.approx(source.acceptance.accept_length, rel=0.03)
+    assert (fitted.speculative.num_steps, fitted.speculative.topk) == (3, 1)
+    [table] = fitted.steps
+    assert table.batch_size == [1, 8, 32]
+    for bs, plain, spec in zip(table.batch_size, table.plain_ms, table.spec_ms):
+        assert plain == pytest.approx(1000 * source.plain_time(bs), rel=0.1), bs
+        assert spec == pytest.approx(1000 * source.spec_time(bs), rel=0.1), bs
+    assert table.extend_ms == [round(0.04 * x, 4) for x in table.plain_ms]
+    # the spec it fitted is saved beside the profile, and refits to the same step times
+    spec_file = tmp_path / "fitted.fit.yaml"
+    assert main(["fit", str(spec_file), "--out", str(tmp_path / "again.yaml")]) == 0
+    assert load_profile(tmp_path / "again.yaml").steps[0].plain_ms == table.plain_ms
+    assert f"dynspec fit --from-run {run_dir}" in fitted.provenance.command
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_the_fit_spec_takes_the_runs_workload_and_measurements(run_dir):
+    spec = spec_from_run(run_dir, name="x", accept_length=2.0)
+    assert spec.acceptance.accept_length == 2.0 and spec.name == "x"
+    assert (spec.workload.input_len, spec.workload.output_len, spec.workload.num_prompts) == (512, 64, 64)
+    assert [t.concurrency for t in spec.targets] == [1, 8, 32] and all(t.baseline and t.eagle3 for t in spec.targets)
+    assert spec.prefill.per_token_ms > 0 and spec.prefill.fixed_ms == 0
+    assert any("given on the command line" in a for a in spec.assumptions)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--eagle3-arm", "eagle9"], "no arm 'eagle9' in the run (arms: baseline, eagle3); name the eagle3 arm with --eagle3-arm"),
+    (["--baseline-arm", "plain"], "no arm 'plain' in the run"),
+    (["--accept-length", "0.5"], "accept length must be above 1 (tokens per request per verify, bonus included), got 0.5"),
+    (["--accept-length", "6"], "acceptance.accept_length 6 exceeds 1 + speculative.num_steps = 4"),
+])
+def test_bad_from_run_input_is_one_line(run_dir, tmp_path, capsys, argv, message):
+    out = tmp_path / "p.yaml"
+    assert main(["fit", "--from-run", str(run_dir), *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dynspec fit: ") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_from_run_needs_a_run_folder_and_excludes_a_spec(tmp_path, capsys):
+    assert main(["fit", "--from-run", str(tmp_path), "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "no results.csv (a dynspec sweep's run folder holds both)" in capsys.readouterr().err
+    assert main(["fit", "x.yaml", "--from-run", str(tmp_path), "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "not both and not neither" in capsys.readouterr().err
+    with pytest.raises(FitError, match="share 1 measured level"):
+        run = tmp_path / "one"
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"arms": [{"name": "baseline"}, {"name": "eagle3"}]}))
+        from dynspec.results import write_table
+
+        rows = [{"run_id": "one", "arm": a, "concurrency": 1, "output_throughput": 10.0, "accept_length": 2.0,
+                 "median_ttft_ms": 5.0, "error": ""} for a in ("baseline", "eagle3")]
+        write_table(rows, run / "results.csv")
+        spec_from_run(run)
