@@ -25,7 +25,6 @@ an assumption.  On CPU it runs too (no graphs, wall-clock times), which is what 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
@@ -38,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dynspec.atomic import write_json
 from dynspec.model_shapes import PRESETS, ModelDims, ShapeError, resolve_shape
 
 if TYPE_CHECKING:
@@ -505,10 +505,7 @@ def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict):
     place.  Returns the profile as loaded."""
     from dynspec.profile import ProfileError, load_profile
 
-    cfg.raw_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.raw_path.with_name(cfg.raw_path.name + ".tmp")
-    tmp.write_text(json.dumps(raw, indent=1, default=str) + "\n")
-    os.replace(tmp, cfg.raw_path)
+    write_json(cfg.raw_path, raw, indent=1)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = cfg.out.with_name(cfg.out.stem + ".tmp.yaml")  # load_profile reads .yaml paths
     try:

@@ -21,7 +21,16 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dynspec.profile import Acceptance, Prefill, Profile, Provenance, Speculative, Steps, dump_profile
+from dynspec.atomic import write_text
+from dynspec.profile import (
+    Acceptance,
+    Prefill,
+    Profile,
+    Provenance,
+    Speculative,
+    Steps,
+    dump_profile,
+)
 from dynspec.typed_yaml import parse_model, read_yaml, validation_message
 
 
@@ -227,8 +236,6 @@ def _spec_and_command(args) -> tuple[FitSpec, str]:
 
 
 def _run(args) -> int:
-    import os
-
     prog = "dynspec fit"
     try:
         out = Path(args.out)
@@ -240,16 +247,12 @@ def _run(args) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(format_table(table))
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.from_run:  # the spec built from the run, beside the profile: what was fitted, and rerunnable
-        spec_out = out.with_name(out.stem + ".fit.yaml")
-        tmp = spec_out.with_name(spec_out.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False, width=100))
-        os.replace(tmp, spec_out)
+        spec_out = write_text(out.with_name(out.stem + ".fit.yaml"),
+                              yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False,
+                                             width=100))
         print(f"wrote {spec_out} (the fit spec; `dynspec fit {spec_out} --out {out}` refits it)")
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(profile_yaml(profile, table))
-    os.replace(tmp, out)
+    write_text(out, profile_yaml(profile, table))
     print(f"wrote {out} (worst error {100 * max(abs(r['error']) for r in table):.2f}%)")
     return 0
 

@@ -33,6 +33,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dynspec.atomic import write_text
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
 KERNEL = "dynspec"
@@ -279,26 +281,19 @@ def render_html(notebook: Path, out: Path, title: str) -> Path:
     refs = external_references(body)
     if refs:
         raise PipelineError(f"{out}: the page would fetch from the network: {', '.join(refs[:3])}")
-    _write_atomic(out, body)
+    write_text(out, body)
     return out
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # Index --------------------------------------------------------------------------------
 
 def write_summary(pc: PipelineConfig, timings: dict[str, float]) -> dict:
-    from dynspec.report import load_run, headline
+    from dynspec.report import headline, load_run
 
     summary = headline(load_run(pc.run_dir))
     summary.update(generated=datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
                    report="report.html", stage_seconds={k: round(v, 2) for k, v in timings.items()})
-    _write_atomic(pc.report_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text(pc.report_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -361,7 +356,7 @@ profile, not measured; each report says so at the top.</p>
 </body></html>
 """
     out = reports_dir / "index.html"
-    _write_atomic(out, page)
+    write_text(out, page)
     return out
 
 
@@ -381,7 +376,7 @@ def save_settings(pc: PipelineConfig) -> Path:
     data.update({k: rel(data[k]) for k in _PATHS if data[k] is not None})
     data["compare_runs"] = [rel(p) for p in data["compare_runs"]]
     out = pc.report_dir / "pipeline.yaml"
-    _write_atomic(out, yaml.safe_dump(data, sort_keys=False))
+    write_text(out, yaml.safe_dump(data, sort_keys=False))
     return out
 
 

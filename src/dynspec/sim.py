@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dynspec.atomic import write_json
 from dynspec.engine import Engine
 from dynspec.policy import PolicySpecError, build_policy
 from dynspec.results import RequestRecord, make_row, summarize
@@ -178,16 +179,6 @@ def config_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".config.json")
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    import json
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def _run(args) -> int:
     from pydantic import ValidationError
 
@@ -209,7 +200,7 @@ def _run(args) -> int:
     except (ValueError, ProfileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    write_json_atomic(config_path(cfg.out), {"command": "sim", "config": cfg.model_dump(),
+    write_json(config_path(cfg.out), {"command": "sim", "config": cfg.model_dump(),
                                              "profile": profile.model_dump()})
     rows: list[dict] = []
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynspec.atomic import write_json, write_text
 from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml
 from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, summarize
 from dynspec.servers import dynspec_state
@@ -65,18 +66,6 @@ def level_name(arm: str, concurrency: int, repeat: int) -> str:
     return f"{arm}_c{concurrency}_r{repeat}"
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -89,7 +78,7 @@ class _Run:
         self.info: dict = {}
 
     def save_info(self) -> None:
-        _write_json(self.dir / "run.json", self.info)
+        write_json(self.dir / "run.json", self.info)
 
     def requests_path(self, name: str) -> Path:
         return self.dir / "requests" / f"{name}.jsonl"
@@ -141,7 +130,7 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         raise SweepError(f"{run.dir}: run folder exists; pass --resume to continue it or choose another --run-id")
     for sub in ("requests", "scrapes", "logs"):
         (run.dir / sub).mkdir(parents=True, exist_ok=True)
-    _write_text(run.dir / "config.yaml", resolved_yaml(cfg))
+    write_text(run.dir / "config.yaml", resolved_yaml(cfg))
 
     writer = ResultsWriter(run.dir / "results.csv")  # drops a half-written last line
     done = _settle_results(run.dir) if resume else set()
@@ -241,7 +230,7 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
     env_path = run.dir / "environment.json"
     if env_path.exists():  # a resumed run keeps the first session's machine and adds this one's
         env_path = run.dir / f"environment.session{len(run.info['sessions'])}.json"
-    _write_json(env_path, collect_environment(probe_torch=backend == "live"))
+    write_json(env_path, collect_environment(probe_torch=backend == "live"))
     handlers = _attach_log(run.dir, progress)
     old_term = None
     if threading.current_thread() is threading.main_thread():
@@ -350,7 +339,12 @@ class _Sweep:
             self.stop_server()
 
     def start_server(self, arm) -> None:
-        from dynspec.servers import ArmServer, emulator_argv, fill_placeholders, free_port
+        from dynspec.servers import (
+            ArmServer,
+            emulator_argv,
+            fill_placeholders,
+            free_port,
+        )
 
         cfg = self.cfg
         port = free_port(cfg.host)
@@ -431,7 +425,7 @@ class _Sweep:
         path = self.run.requests_path(name)
         self.run.keep_old(path)
         write_requests(path, result.requests)
-        _write_json(self.run.dir / "scrapes" / f"{name}.json",
+        write_json(self.run.dir / "scrapes" / f"{name}.json",
                     {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset})
         block = dynspec_state(after.server_info)
         policy = block.get("policy") if block and block.get("policy") else _expected_policy(cfg, arm, self.backend)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dynspec.atomic import write_text
 
 TARGETS = ("sglang-adaptive", "vllm", "trtllm", "threshold")
 OBJECTIVES = ("mean-ratio", "min-ratio", "total")
@@ -403,24 +404,18 @@ def render(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(rep: dict, cfg: TuneConfig, out: Path) -> list[Path]:
     """tune.json, the resolved config beside it, and SGLang's adaptive config ready to pass to the server."""
     import yaml
 
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "tune.json", out / "tune_config.yaml"]
-    _write_atomic(written[0], json.dumps(rep, indent=2) + "\n")
-    _write_atomic(written[1], yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_text(written[0], json.dumps(rep, indent=2) + "\n")
+    write_text(written[1], yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     sg = rep["targets"].get("sglang-adaptive")
     if sg and sg["config"] is not None:
         written.append(out / "sglang_adaptive_config.json")
-        _write_atomic(written[-1], json.dumps(sg["config"], indent=2) + "\n")
+        write_text(written[-1], json.dumps(sg["config"], indent=2) + "\n")
     return written
 
 

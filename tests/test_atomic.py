@@ -1,0 +1,26 @@
+"""Small files are replaced whole or not at all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynspec.atomic import write_json, write_text
+
+
+def test_write_creates_folders_and_replaces_whole(tmp_path):
+    path = tmp_path / "a" / "b" / "f.txt"
+    write_text(path, "one\n")
+    write_text(path, "two\n")
+    assert path.read_text() == "two\n" and sorted(x.name for x in path.parent.iterdir()) == ["f.txt"]
+    write_json(tmp_path / "d.json", {"p": tmp_path})  # what json cannot encode goes in as str
+    assert json.loads((tmp_path / "d.json").read_text()) == {"p": str(tmp_path)}
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "f.txt"
+    write_text(path, "old\n")
+    with pytest.raises(TypeError):
+        write_text(path, 42)  # not text: fails inside the write
+    assert path.read_text() == "old\n" and sorted(x.name for x in tmp_path.iterdir()) == ["f.txt"]
