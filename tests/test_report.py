@@ -329,3 +329,12 @@ def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
     (tmp_path / "notebooks").mkdir()
     monkeypatch.chdir(tmp_path / "notebooks")
     assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"
+
+
+def test_banner_states_the_profiles_catch_up_cost():
+    from dynspec.profile import load_profile
+
+    note = report.catch_up_note("seed-blackwell")
+    p = load_profile("seed-blackwell")
+    assert f"{p.catch_up_time(1) / p.plain_time(1):.1%} of a plain step at batch 1" in note and "4.0%" in note
+    assert report.catch_up_note("no-such-profile") == ""

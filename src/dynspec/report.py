@@ -372,15 +372,32 @@ def wide(table: pd.DataFrame, value: str, digits: int = 2) -> pd.DataFrame:
 
 
 
+def catch_up_note(profile_name: str) -> str:
+    """What a switching arm's plain step costs extra on this profile, as a sentence ("" if nothing)."""
+    from dynspec.profile import ProfileError, load_profile
+
+    try:
+        p = load_profile(profile_name)
+    except ProfileError:
+        return ""
+    top = max(t.batch_size[-1] for t in p.steps)
+    lo, hi = (p.catch_up_time(b) / p.plain_time(b) for b in (1, top))
+    if not lo and not hi:
+        return ""
+    return (f" Arms with a policy pay the patched server's draft catch-up on every plain step: "
+            f"{lo:.1%} of a plain step at batch 1, {hi:.1%} at {top} (the profile's extend_ms).")
+
+
 def banner(run: Run) -> str:
     """One line that says where the numbers come from; the report shows it first."""
     backend = run.backend
     if backend == "sim":
         return (f"Simulated: these numbers are simulated from profile {run.profile} "
-                f"(dynspec's in-process simulator, virtual time), not measured on a GPU.")
+                f"(dynspec's in-process simulator, virtual time), not measured on a GPU."
+                + catch_up_note(run.profile))
     if backend == "emulate":
         return (f"Emulated: these numbers are simulated from profile {run.profile}, served in real time by "
-                f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU.")
+                f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU." + catch_up_note(run.profile))
     hw = f" on {run.hardware}" if run.hardware else ""
     return f"Measured live{hw} (backend {backend or 'unknown'})."
 
