@@ -85,3 +85,15 @@ def test_step_cost_figure_plots_spec_over_plain_per_profile_and_context():
     fig = crossover.step_cost_figure([parse_profile(d), _profile("one", (10, 20), (30, 80))], accept_lengths=(2.0,))
     lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")}
     assert lines == {"test (context 1024)": [1.2, 3.0], "test (context 4096)": [1.2, 1.95], "one": [3.0, 4.0]}
+
+
+def test_a_crossover_beyond_a_shorter_tables_measured_range_is_marked_extrapolated():
+    # context 4096 measured only to batch 32; it crosses near batch 45, within the 1024 table's range
+    d = profile_dict()
+    d["steps"] = [{"context_len": 1024, "batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [12, 24]},
+                  {"context_len": 4096, "batch_size": [1, 32], "plain_ms": [10, 15], "spec_ms": [12, 28]}]
+    p = parse_profile(d)
+    far = p.crossover_batch(2.0, 4096, up_to=128)
+    assert 32 < far <= 64
+    cell = crossover.crossover_table([p], accept_lengths=(2.0,))["stops paying at accept length 2"][1]
+    assert cell == f"> 32 (~{far}, extrapolated)"

@@ -23,9 +23,10 @@ def load_profiles(names=None) -> list[Profile]:
     return [load_profile(n) for n in (names or shipped_profiles())]
 
 
-def _crossover_cell(p: Profile, al: float, ctx) -> str:
-    last = p.steps[-1 if ctx is None else [t.context_len for t in p.steps].index(ctx)].batch_size[-1]
-    b = p.crossover_batch(al, ctx)
+def _crossover_cell(p: Profile, al: float, table) -> str:
+    """Where it stops paying within this table's measured batch sizes, else on its extended last segment."""
+    ctx, last = table.context_len, table.batch_size[-1]
+    b = p.crossover_batch(al, ctx, up_to=last)
     if b == 1:
         return "never"
     if b is not None:
@@ -44,7 +45,7 @@ def crossover_table(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS) -> p
                    "measured to batch": t.batch_size[-1],
                    "spec/plain at batch 1": round(p.spec_time(1, t.context_len) / p.plain_time(1, t.context_len), 2)}
             for al in accept_lengths:
-                row[f"stops paying at accept length {al:g}"] = _crossover_cell(p, al, t.context_len)
+                row[f"stops paying at accept length {al:g}"] = _crossover_cell(p, al, t)
             rows.append(row)
     return pd.DataFrame(rows)
 

@@ -69,7 +69,8 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
                        "level(s) without error; a fit needs two")
 
     measured = [x for x in df[df["arm"] == eagle3_arm]["accept_length"] if not math.isnan(x)]
-    if accept_length is None:
+    accept_given = accept_length is not None
+    if not accept_given:
         if not measured:
             raise FitError(f"{results}: arm {eagle3_arm!r} reports no accept_length; give --accept-length")
         accept_length = statistics.fmean(measured)
@@ -86,8 +87,8 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         f"workload as the run's config: {input_len} input / {output_len} output tokens, "
         f"{config.get('num_prompts') or 'max(5C, 50)'} prompts per level, closed-loop clients",
         (f"acceptance: accept length {accept_length:.3f}, "
-         + ("the mean over the eagle3 arm's levels" if measured and accept_length == statistics.fmean(measured)
-            else "given on the command line") + "; concentration 10 assumed"),
+         + ("given on the command line" if accept_given else "the mean over the eagle3 arm's levels")
+         + "; concentration 10 assumed"),
         (f"prefill: the baseline's median time to first token at C={levels[0]} ({ttft:.1f} ms) taken as one "
          f"{input_len}-token prefill, all per token; 8192-token chunks assumed"),
         "step times between the measured concurrencies are linear in batch size; beyond the last they extend it",
