@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loadgen.json"))
     args = ap.parse_args(argv)
 
-    import sglang_wheels
+    from dynspec.realsglang import wheels as sglang_wheels
 
     from dynspec.servers import ArmServer, emulator_argv, free_port
     from dynspec.sglang_bench_serving import build_tiny_tokenizer

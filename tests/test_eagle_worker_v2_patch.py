@@ -24,7 +24,7 @@ import pytest
 from dynspec import patching
 from scripted_policy import Scripted
 from dynspec.sglang_hook import Controller
-from sglang_wheels import unpack
+from dynspec.realsglang.wheels import unpack
 
 import sglang_stubs
 

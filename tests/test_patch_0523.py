@@ -26,7 +26,7 @@ from dynspec.policy import Policy, StepRecord
 from dynspec.sglang_adaptive import (AdaptiveSelectionError, DynspecAdaptivePolicy, build_adaptive_policy,
                                      selection)
 from dynspec.sglang_hook import Controller
-from sglang_wheels import unpack
+from dynspec.realsglang.wheels import unpack
 
 VERSION = "0.5.23"
 REPO = Path(__file__).resolve().parent.parent

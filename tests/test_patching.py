@@ -20,7 +20,7 @@ import pytest
 
 from dynspec import patching
 from dynspec.cli import main as cli_main
-from sglang_wheels import unpack
+from dynspec.realsglang.wheels import unpack
 
 PATCHSET = patching.patches_root() / "sglang-0.5.9"
 MANIFEST = json.loads((PATCHSET / "manifest.json").read_text())

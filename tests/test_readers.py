@@ -15,7 +15,7 @@ from dynspec.readers import ReaderError, read_bench_serving, read_external, read
 from dynspec.results import RESULT_COLUMNS, read_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sglang_wheels  # noqa: E402  (tests/ helper shared with the patch tests)
+from dynspec.realsglang import wheels as sglang_wheels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,6 +18,7 @@ server's environment (DYNSPEC_POLICY):
     table:1-63=on,64-=off[,dwell=N]
     sglang-default-tiers
     goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,sync_every=64
+    cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
 """
 
 from __future__ import annotations
@@ -125,6 +126,30 @@ class Threshold(Policy):
 
     def spec(self) -> str:
         return f"threshold:on={self.on},off={self.off},dwell={self._dwell.dwell}"
+
+
+class Cycle(Policy):
+    """`spec` speculative steps, then `plain` plain ones, over and over, whatever the load.
+
+    Not a policy to deploy: a stress test of switching.  Every speculative stretch begins
+    right after a plain one, so its draft acceptance shows whether the plain steps kept the
+    draft current, and the cost of a switch is paid as often as possible."""
+
+    name = "cycle"
+
+    def __init__(self, spec: int, plain: int):
+        if spec < 1 or plain < 1:
+            raise PolicySpecError(f"cycle: spec and plain must be >= 1, got spec={spec}, plain={plain}")
+        self.n_spec, self.n_plain = spec, plain
+        self._step = 0
+
+    def decide(self, batch_size: int) -> bool:
+        phase = self._step % (self.n_spec + self.n_plain)
+        self._step += 1
+        return phase < self.n_spec
+
+    def spec(self) -> str:
+        return f"cycle:spec={self.n_spec},plain={self.n_plain}"
 
 
 class Table(Policy):
@@ -518,7 +543,7 @@ class FailSafePolicy(Policy):
 
 # --- spec strings ---------------------------------------------------------------------
 
-POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput")
+POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "cycle")
 
 
 def _int(spec: str, key: str, value: str, lo: int = 0) -> int:
@@ -669,6 +694,10 @@ def build_policy(spec: str, *, profile=None, sync: SyncHook | None = None, initi
         return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
     if name == "goodput":
         return _goodput(spec, body, profile, sync)
+    if name == "cycle":
+        o = _options(spec, body, {"spec": "speculative steps per cycle", "plain": "plain steps per cycle"}) \
+            if body else {}
+        return Cycle(_int(spec, "spec", o.get("spec", "1"), lo=1), _int(spec, "plain", o.get("plain", "1"), lo=1))
     raise PolicySpecError(f"{spec!r}: unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 

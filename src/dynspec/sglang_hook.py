@@ -90,6 +90,7 @@ class Controller:
         self.steps_plain = 0
         self.switches = 0
         self.forced_spec = 0  # policy said plain, the batch could not run plain
+        self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
         self.mode = "spec"  # the server starts speculating, as configured
         self.last_switch: dict | None = None
         self._spec_steps_observed = 0
@@ -141,6 +142,10 @@ class Controller:
             )
 
     # --- after a step -------------------------------------------------------------
+    def note_resume(self) -> None:
+        """The patch resumed the draft (one 1-token draft forward) before a speculative step."""
+        self.resumes += 1
+
     def note_other_forward(self) -> None:
         """A prefill/extend batch ran: the next two result intervals are not decode step times."""
         self._skip_intervals = 2
@@ -183,6 +188,7 @@ class Controller:
             "steps_plain": self.steps_plain,
             "switches": self.switches,
             "forced_spec": self.forced_spec,
+            "resumes": self.resumes,
             "policy_failed": bool(getattr(self.policy, "failed", False)),
             "plain_step": self.plain_step_kind,
             "step_times_used": self.times_agreed,

@@ -1,4 +1,4 @@
-"""Real SGLang wheels for the patch tests: downloaded once, cached, unpacked per test.
+"""Real SGLang wheels: downloaded once, cached, unpacked where a test or a server needs them.
 
 `wheel(version)` returns a cached sglang-<version> wheel, fetching it with
 `pip download --no-deps` on a miss; `unpack(version, dest)` unzips it (a wheel is a

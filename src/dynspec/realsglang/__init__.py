@@ -1,0 +1,111 @@
+"""The real SGLang 0.5.9 server, unpatched or patched by dynspec, without its native kernels.
+
+SGLang's `python -m sglang.launch_server` is pure Python over torch plus native kernel
+packages (sgl_kernel, flashinfer) that exist only for CUDA and one torch version.  This
+package runs the real server anyway, on a CPU (tests, CI) or on a GPU with another torch:
+
+* `sglang_site(patched)`: the 0.5.9 wheel unpacked into a cache folder (never installed),
+  and a second copy patched by `dynspec patch apply`;
+* `site/`: put first on the server's PYTHONPATH: `sgl_kernel` (a stand-in whose three
+  implemented ops are torch, every other entry raises naming itself) and a sitecustomize
+  that installs `compat` (the few patches SGLang needs to run EAGLE-3 there, each with
+  its reason) in every process of the server;
+* `server_env`, `server_argv`: how to start an arm; `tinymodels`: models to serve.
+
+No other package is stood in for: an absent one raises ImportError as usual.
+`python -m dynspec.realsglang --help` does the same from a shell (used by sweep configs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+VERSION = "0.5.9"
+SITE = Path(__file__).parent / "site"
+
+# CPU: the torch-native attention and sampling backends, no CUDA graphs, float32.
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--disable-cuda-graph", "--dtype", "float32"]
+# GPU without flashinfer: Triton attention (its draft-extend is CUDA-graphed in 0.5.9).
+GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
+COMMON_ARGS = ["--grammar-backend", "none", "--random-seed", "0", "--skip-server-warmup"]
+
+
+def spec_args(draft: str | Path, steps: int = 3, draft_tokens: int = 4) -> list[str]:
+    """EAGLE-3 on spec v2 (the worker dynspec patches): topk 1, a chain of `steps` drafts."""
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
+            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(draft_tokens)]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DYNSPEC_SGLANG_CACHE", "~/.cache/dynspec/sglang")).expanduser()
+
+
+def _patch_digest() -> str:
+    """A digest of the shipped patch set, so a changed patch gets a fresh patched copy."""
+    from dynspec.patching import patches_root
+
+    h = hashlib.sha256()
+    for f in sorted((patches_root() / f"sglang-{VERSION}").iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def sglang_site(patched: bool, root: Path | None = None) -> Path:
+    """A folder holding sglang 0.5.9 (upstream, or patched by dynspec) to put on PYTHONPATH."""
+    from dynspec import patching
+    from dynspec.realsglang import wheels
+
+    root = root or cache_root()
+    name = f"{VERSION}-patched-{_patch_digest()}" if patched else f"{VERSION}-upstream"
+    dest = root / name
+    if (dest / ".complete").exists():
+        return dest
+    tmp = root / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels.unpack(VERSION, tmp)
+    if patched:
+        out = patching.do_apply(patching.find_sglang(tmp))
+        if out.code != 0:
+            raise RuntimeError(f"dynspec patch apply failed on the unpacked wheel: {out.message}")
+    (tmp / ".complete").write_text("")
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> dict[str, str]:
+    """The environment of a server process: stand-ins first, then the chosen sglang copy."""
+    env = dict(os.environ if base is None else base)
+    path = [str(SITE), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in is not sgl-kernel 0.3.21
+    if gpu:
+        env["SGLANG_IS_FLASHINFER_AVAILABLE"] = "false"
+    else:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"  # SGLang's CPU device path
+        # Several servers share a small machine: one compute thread each, and glibc's
+        # per-thread malloc arenas capped (they grew a scheduler to 3 GB here).
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("MALLOC_ARENA_MAX", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def server_argv(model: str | Path, port: int, *, host: str = "127.0.0.1", draft: str | Path | None = None,
+                gpu: bool = False, extra: list[str] = ()) -> list[str]:
+    """`python -m sglang.launch_server ...` for a tiny model on this machine."""
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+            "--host", host, "--port", str(port)]
+    argv += GPU_ARGS if gpu else CPU_ARGS
+    argv += COMMON_ARGS
+    if draft is not None:
+        argv += spec_args(draft)
+    return argv + list(extra)

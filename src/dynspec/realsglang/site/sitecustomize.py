@@ -1,0 +1,6 @@
+# Loaded by every Python process of a real SGLang server that dynspec.realsglang starts
+# (this folder is first on its PYTHONPATH): the compatibility patches must be in place in
+# the scheduler and detokenizer processes SGLang spawns, not only in the launcher.
+from dynspec.realsglang import compat
+
+compat.install()

@@ -1,0 +1,190 @@
+"""The real SGLang 0.5.9 server, upstream and patched by dynspec, on this CPU.
+
+Every arm is `python -m sglang.launch_server` from the real 0.5.9 wheel (unpacked, never
+installed) serving a tiny crafted Llama and EAGLE-3 draft (dynspec.realsglang.tinymodels)
+with EAGLE-3 on spec v2.  Stood in for, because they cannot exist here: `sgl_kernel` (no CPU
+build; its three spec-path ops are torch code, every other entry raises) and `torchvision`
+(imported by SGLang's multimodal configs; the index's build cannot load beside the CPU
+torch).  `dynspec.realsglang.compat` lists the patches SGLang needs to run EAGLE on a CPU.
+
+All arms start at once and get the same prompts at concurrency 1 and 4; output lengths
+differ per prompt so that at concurrency 4 the batch shrinks 4 -> 1 and threshold:2 switches
+both ways.  Two mutant arms carry a deliberately broken plain step and must fail the checks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
+
+from dynspec import realsglang  # noqa: E402
+from dynspec.realsglang.arms import Arm, greedy, server_info, start_arms  # noqa: E402
+from dynspec.servers import dynspec_state  # noqa: E402
+
+LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
+N_PROMPTS = 4
+WAVE = 5  # arms started side by side
+LEVELS = (1, 4)
+CYCLE = "cycle:spec=2,plain=2"
+METRICS = ("--enable-metrics",)
+
+# Deliberate breaks of the patched plain step (text of the patched eagle_worker_v2.py -> broken text).
+MUTANTS = {
+    # The target writes its KV one slot off: later tokens attend to a hole.
+    "mutant-kv-slot": ("        target_batch.out_cache_loc = slot\n",
+                       "        target_batch.out_cache_loc = slot + 1\n"),
+    # The draft catch-up computes K and V but never writes them.
+    "mutant-no-catch-up": ("    draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,",
+                           "    0 and draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,"),
+}
+
+
+def prompts_and_lengths(seed: int = 7):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(6, 24))] for _ in range(N_PROMPTS)]
+    lengths = [24 + 10 * i for i in range(N_PROMPTS)]  # finish one by one: the batch shrinks
+    return prompts, lengths
+
+
+def mutant_site(tmp, name: str):
+    """A copy of the patched sglang with one line of the plain step broken."""
+    site = tmp / name
+    shutil.copytree(realsglang.sglang_site(patched=True), site, symlinks=True)
+    path = site / "sglang/srt/speculative/eagle_worker_v2.py"
+    old, new = MUTANTS[name]
+    text = path.read_text()
+    assert text.count(old) == 1, f"mutant {name}: the patched plain step no longer has {old!r}"
+    path.write_text(text.replace(old, new))
+    return site
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Start every arm, run the prompts at each level, collect outputs, counters and logs."""
+    from dynspec.realsglang.tinymodels import make_models
+
+    tmp = tmp_path_factory.mktemp("real-sglang")
+    models = tmp / "models"
+    # Logs outlive pytest's temporary folders, so a failure can be read afterwards.
+    logdir = LOGS / time.strftime("%Y%m%d-%H%M%S")
+    make_models(models)
+    arms = [
+        Arm("plain", speculative=False),
+        Arm("eagle-upstream"),
+        Arm("patched-unset", patched=True),
+        Arm("patched-always", patched=True, policy="always", args=METRICS),
+        Arm("patched-never", patched=True, policy="never", args=METRICS),
+        Arm("patched-threshold", patched=True, policy="threshold:on=2,off=2,dwell=0", args=METRICS),
+        Arm("patched-goodput", patched=True, policy="goodput"),
+        Arm("patched-cycle", patched=True, policy=CYCLE),
+        *(Arm(name, patched=True, policy=CYCLE, site=mutant_site(tmp, name)) for name in MUTANTS),
+    ]
+    prompts, lengths = prompts_and_lengths()
+    out = {"prompts": prompts, "lengths": lengths, "logdir": logdir, "arms": {}}
+    try:
+        for wave in (arms[:WAVE], arms[WAVE:]):  # all at once would not fit in 24 GB beside the rest
+            with start_arms(wave, models, logdir) as servers:
+                for name, server in servers.items():
+                    levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
+                    snap = server.scrape()
+                    out["arms"][name] = {"levels": levels, "info": server_info(server), "metrics": snap.metrics,
+                                         "healthy_after": server.healthy_after}
+    finally:
+        for log in sorted(logdir.glob("*.log")):
+            out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
+    return out
+
+
+def ids(run, arm, level):
+    return [r["ids"] for r in run["arms"][arm]["levels"][level]]
+
+
+def counters(run, arm):
+    return dynspec_state(run["arms"][arm]["info"])
+
+
+def accepted_per_spec_step(run, arm) -> float:
+    """Draft tokens accepted per speculative step, over every request of both levels."""
+    block = counters(run, arm)
+    return block["mean_accepted_when_speculating"]
+
+
+GOOD_ARMS = ("eagle-upstream", "patched-unset", "patched-always", "patched-never", "patched-threshold",
+             "patched-goodput", "patched-cycle")
+
+
+@pytest.mark.parametrize("arm", GOOD_ARMS)
+def test_greedy_output_is_the_plain_servers(runs, arm):
+    for level in LEVELS:
+        assert ids(runs, arm, level) == ids(runs, "plain", 1), f"{arm} at concurrency {level}"
+
+
+def test_a_wrong_kv_slot_changes_the_output(runs):
+    assert ids(runs, "mutant-kv-slot", 1) != ids(runs, "plain", 1)
+
+
+def test_counters_follow_each_policy(runs):
+    always, never = counters(runs, "patched-always"), counters(runs, "patched-never")
+    assert always["steps_spec"] > 0 and always["steps_plain"] == 0 and always["switches"] == 0
+    assert never["steps_spec"] == 0 and never["steps_plain"] > 0 and never["switches"] == 1  # starts speculating
+    thr = counters(runs, "patched-threshold")
+    assert thr["steps_spec"] > 0 and thr["steps_plain"] > 0
+    assert thr["switches"] >= 3, "threshold:2 must switch to plain at batch 4 and back as the batch shrinks"
+    cyc = counters(runs, "patched-cycle")
+    assert abs(cyc["steps_spec"] - cyc["steps_plain"]) <= 2 and cyc["switches"] >= cyc["steps"] // 2 - 1
+    for arm in ("patched-always", "patched-never", "patched-threshold", "patched-goodput", "patched-cycle"):
+        c = counters(runs, arm)
+        assert c["steps"] == c["steps_spec"] + c["steps_plain"] > 0, arm
+        assert c["policy_failed"] is False and c["plain_step"] == "eager", arm
+    assert cyc["resumes"] >= cyc["switches"] // 2 - 1  # one per plain -> spec switch
+    assert always["resumes"] == 0
+
+
+def test_unset_policy_is_the_upstream_path(runs):
+    assert counters(runs, "patched-unset") is None  # no dynspec block at all
+    upstream = [r["meta"]["spec_verify_ct"] for r in runs["arms"]["eagle-upstream"]["levels"][1]]
+    unset = [r["meta"]["spec_verify_ct"] for r in runs["arms"]["patched-unset"]["levels"][1]]
+    assert unset == upstream  # at concurrency 1 the verify steps are deterministic
+    logs = runs["logs"]["patched-unset"]
+    assert "dynspec" not in logs
+
+
+def test_prometheus_counters_match_server_info(runs):
+    for arm in ("patched-always", "patched-never", "patched-threshold"):
+        m, c = runs["arms"][arm]["metrics"], counters(runs, arm)
+        assert m["dynspec_steps_speculative_total"] == c["steps_spec"], arm
+        assert m["dynspec_steps_plain_total"] == c["steps_plain"], arm
+        assert m["dynspec_switches_total"] == c["switches"], arm
+
+
+def test_switches_are_logged(runs):
+    log = runs["logs"]["patched-threshold"]
+    assert "dynspec: policy threshold:on=2,off=2,dwell=0 is live" in log
+    lines = re.findall(r"dynspec: switch (spec|plain) -> (plain|spec) at step \d+, batch size (\d+)", log)
+    assert ("spec", "plain", "4") in lines and any(a == "plain" and b == "spec" for a, b, _ in lines)
+    assert len(lines) == counters(runs, "patched-threshold")["switches"]
+
+
+def test_the_draft_is_current_after_plain_stretches(runs):
+    """Every speculative stretch of the cycle arm follows a plain one: its acceptance equals an
+    always-speculating server's only if the plain steps kept the draft's KV and state current."""
+    always = accepted_per_spec_step(runs, "patched-always")
+    cycle = accepted_per_spec_step(runs, "patched-cycle")
+    broken = accepted_per_spec_step(runs, "mutant-no-catch-up")
+    assert always > 1.0, "the crafted draft should be right more often than not"
+    assert cycle >= 0.85 * always, (cycle, always)
+    assert broken < 0.6 * always, (broken, always)  # the check can fail
+
+
+def test_every_arm_started(runs):
+    slowest = max(a["healthy_after"] for a in runs["arms"].values())
+    assert slowest < 900
+    assert statistics.median(len(x) for x in ids(runs, "plain", 1)) > 20
