@@ -249,9 +249,13 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert p.name == "tiny-cpu"
     [table] = p.steps
     assert table.batch_size == [1, 2, 4] and table.context_len == 24
-    for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms"):
+    for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms", "catchup_ms", "resume_ms", "extend_eager_ms"):
         times = getattr(table, key)
         assert len(times) == 3 and all(t > 0 for t in times), key
+    # a switching server's plain step now pays the KV-only catch-up, and a switch the resume
+    assert p.catch_up_time(2) == pytest.approx(table.catchup_ms[1] / 1000)
+    assert p.resume_time(4) == pytest.approx(table.resume_ms[2] / 1000)
+    assert any(a.startswith("catchup: ") and "no attention, MLP or LM head" in a for a in p.provenance.assumptions)
     assert table.spec_ms is None  # the speculative step is given in its parts
     assert sorted(table.forward_ms) == [1, 2, 4, 8] and table.forward_ms[1] == table.plain_ms
     assert p.speculative.num_steps == 3 and p.speculative.num_draft_tokens == 4 and p.speculative.topk == 1
@@ -278,7 +282,7 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert [(int(n), v["prompts"]) for n, v in raw["prefill"].items()] == [(16, 1), (32, 2), (64, 4)]
     assert sorted(x.name for x in out.parent.iterdir()) == ["tiny-cpu.raw.json", "tiny-cpu.yaml"]  # no temp files
     printed = capsys.readouterr().out
-    assert "spec/plain" in printed and "(validated)" in printed
+    assert "spec/plain" in printed and "catchup" in printed and "ext-eager" in printed and "(validated)" in printed
 
 
 def test_cli_one_step_chain_has_no_draft_forward(tmp_path):
