@@ -518,7 +518,8 @@ def test_step_set_catchup_and_resume_pieces(target):
     dcache.fill_random(torch.Generator().manual_seed(14))
     steps = rm.StepSet(target, draft, target.new_cache(3, 64), dcache, bs=3, context_len=30, num_steps=3)
     ref = rm.KVCache([x.clone() for x in steps.dcache.k], [x.clone() for x in steps.dcache.v])
-    hn, hid = draft.forward(steps.tok1, steps.aux[:, :1], ref, 30)  # what the resume computes
+    hn, hid = draft.forward(steps.tok1, steps.aux1, ref, 30)  # what the resume computes
+    assert steps.aux1.is_contiguous()
     before = steps.dcache.k[0].clone()
     steps.catchup()
     assert torch.allclose(steps.dcache.k[0], ref.k[0], atol=1e-12) and torch.allclose(steps.dcache.v[0], ref.v[0])
