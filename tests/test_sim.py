@@ -243,11 +243,18 @@ assumptions: ["made up"]
     assert u.plain_ms == t.plain_ms and table2 == table  # the fitted arms never pay either
     note = q.provenance.assumptions[-1]
     assert "2.00%, 1.00%" in note and "10.00%, 5.00%" in note and "measured-src" in note and "2026-11-30" in note
+    # two context tables: the workload's mean context (48) is below both, so the first's shares
+    two = yaml.safe_load(src.read_text())
+    t0 = {**two["steps"], "context_len": 1024}
+    two["steps"] = [t0, {**t0, "context_len": 4096, "catchup_ms": [0.9, 0.9], "resume_ms": [3.0, 3.0]}]
+    src.write_text(yaml.safe_dump(two))
+    assert fit(load_fit_spec(spec_path))[0].steps[0].catchup_ms == u.catchup_ms
+    assert "context 1024" in fit(load_fit_spec(spec_path))[0].provenance.assumptions[-1]
     spec_path.write_text(spec_text + f"catch_up_from: {src}\ncatch_up_fraction: 0.01\n")
     with pytest.raises(FitError, match="catch_up_from or catch_up_fraction"):
         load_fit_spec(spec_path)
     old = yaml.safe_load(src.read_text())
-    old["steps"] = {k: v for k, v in old["steps"].items() if k not in ("catchup_ms", "resume_ms")}
+    old["steps"] = [{k: v for k, v in t.items() if k not in ("catchup_ms", "resume_ms")} for t in old["steps"]]
     src.write_text(yaml.safe_dump(old))  # a profile calibrated before issue 13
     spec_path.write_text(spec_text + f"catch_up_from: {src}\n")
     with pytest.raises(FitError, match="has no catchup_ms"):

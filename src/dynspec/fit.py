@@ -79,7 +79,8 @@ class FitSpec(_Strict):
     # catchup_ms, and this share of the plain step as resume_ms, paid once per switch to speculating.
     resume_fraction: float | None = Field(None, ge=0, lt=1)
     # Or both shares per knot from a calibrated profile (name or path) with catchup_ms and resume_ms:
-    # its catchup/plain and resume/plain at the knot's batch size, at the workload's mean context.
+    # its catchup/plain and resume/plain at the knot's batch size, at the workload's mean context
+    # (clamped to the measured contexts).
     catch_up_from: str | None = None
     tolerance: float = Field(0.03, gt=0, lt=1)  # relative error every target must meet
     source: str
@@ -132,7 +133,10 @@ def catch_up_shares(spec: FitSpec) -> tuple[list[float], list[float] | None, lis
         raise FitError(f"catch_up_from: {exc}") from None
     if src.steps[0].catchup_ms is None:
         raise FitError(f"catch_up_from: profile {src.name} has no catchup_ms and resume_ms (calibrate it again)")
-    ctx = spec.workload.input_len + spec.workload.output_len / 2 if src.context_aware else None
+    ctx = None
+    if src.context_aware:  # the workload's mean context, within the measured ones (shares, not times)
+        measured = [t.context_len for t in src.steps]
+        ctx = min(max(spec.workload.input_len + spec.workload.output_len / 2, measured[0]), measured[-1])
     bs = [t.concurrency for t in spec.targets]
     cu = [round(src.catch_up_time(b, ctx) / src.plain_time(b, ctx), 5) for b in bs]
     res = [round(src.resume_time(b, ctx) / src.plain_time(b, ctx), 5) for b in bs]
