@@ -249,9 +249,13 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert p.name == "tiny-cpu"
     [table] = p.steps
     assert table.batch_size == [1, 2, 4] and table.context_len == 24
-    for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms"):
+    for key in ("plain_ms", "draft_ms", "verify_ms", "extend_ms", "catchup_ms", "resume_ms", "extend_eager_ms"):
         times = getattr(table, key)
         assert len(times) == 3 and all(t > 0 for t in times), key
+    # a switching server's plain step now pays the KV-only catch-up, and a switch the resume
+    assert p.catch_up_time(2) == pytest.approx(table.catchup_ms[1] / 1000)
+    assert p.resume_time(4) == pytest.approx(table.resume_ms[2] / 1000)
+    assert any(a.startswith("catchup: ") and "no attention, MLP or LM head" in a for a in p.provenance.assumptions)
     assert table.spec_ms is None  # the speculative step is given in its parts
     assert sorted(table.forward_ms) == [1, 2, 4, 8] and table.forward_ms[1] == table.plain_ms
     assert p.speculative.num_steps == 3 and p.speculative.num_draft_tokens == 4 and p.speculative.topk == 1
@@ -278,7 +282,7 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     assert [(int(n), v["prompts"]) for n, v in raw["prefill"].items()] == [(16, 1), (32, 2), (64, 4)]
     assert sorted(x.name for x in out.parent.iterdir()) == ["tiny-cpu.raw.json", "tiny-cpu.yaml"]  # no temp files
     printed = capsys.readouterr().out
-    assert "spec/plain" in printed and "(validated)" in printed
+    assert "spec/plain" in printed and "catchup" in printed and "ext-eager" in printed and "(validated)" in printed
 
 
 def test_cli_one_step_chain_has_no_draft_forward(tmp_path):
@@ -447,3 +451,80 @@ def test_the_dynspec_command_does_not_import_torch():
 
     code = "import sys, dynspec.cli, dynspec.calibrate; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# KV-only catch-up and resume (issue 13) -----------------------------------------------
+
+
+def _draft_with_context(target, n_ctx=6, batch=2, seed=10):
+    """A draft head and two caches holding the same n_ctx positions of draft context."""
+    draft = rm.DraftHead(target, draft_vocab=100, seed=1)
+    pre = torch.randint(0, DIMS.vocab, (batch, n_ctx), generator=torch.Generator().manual_seed(seed))
+    aux = torch.randn(batch, n_ctx, 3 * DIMS.hidden, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
+    caches = [draft.new_cache(batch, 64) for _ in range(2)]
+    for c in caches:
+        draft.forward(pre, aux, c, 0)
+    return draft, caches
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_kv_only_catch_up_writes_exactly_what_the_full_draft_forward_writes(target, t):
+    draft, (full, kv_only) = _draft_with_context(target)
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, DIMS.vocab, (2, t), generator=g)
+    aux = torch.randn(2, t, 3 * DIMS.hidden, generator=g, dtype=F64)
+    before = kv_only.k[0].clone()
+    draft.forward(tokens, aux, full, 6)
+    draft.catch_up(tokens, aux, kv_only, 6)
+    # every cache entry alike: the new positions' K and V, and nothing else touched
+    assert torch.allclose(kv_only.k[0], full.k[0], atol=1e-12) and torch.allclose(kv_only.v[0], full.v[0], atol=1e-12)
+    assert not torch.allclose(kv_only.k[0][:, :, 6:6 + t], before[:, :, 6:6 + t])  # it did write them
+    assert torch.equal(kv_only.k[0][:, :, 6 + t:], before[:, :, 6 + t:])
+
+
+def test_catch_ups_then_one_resume_give_the_draft_state_of_full_forwards(target):
+    """A plain stretch of KV-only catch-ups, then the resume (a full 1-token forward at the last
+    position), leaves the draft where full forwards at every step would: same cache, same next
+    draft token and hidden state."""
+    draft, (full, lazy) = _draft_with_context(target)
+    g = torch.Generator().manual_seed(12)
+    tokens = torch.randint(0, DIMS.vocab, (2, 5), generator=g)
+    aux = torch.randn(2, 5, 3 * DIMS.hidden, generator=g, dtype=F64)
+    for i in range(5):
+        hn_full, out_full = draft.forward(tokens[:, i:i + 1], aux[:, i:i + 1], full, 6 + i)
+    for i in range(4):  # plain steps
+        draft.catch_up(tokens[:, i:i + 1], aux[:, i:i + 1], lazy, 6 + i)
+    hn, out = draft.forward(tokens[:, 4:], aux[:, 4:], lazy, 10)  # the resume
+    assert torch.allclose(hn, hn_full, atol=1e-10) and torch.allclose(out, out_full, atol=1e-10)
+    assert torch.equal(draft.logits(hn).argmax(-1), draft.logits(hn_full).argmax(-1))
+    assert torch.allclose(lazy.k[0], full.k[0], atol=1e-12) and torch.allclose(lazy.v[0], full.v[0], atol=1e-12)
+
+
+def test_a_deeper_draft_heads_catch_up_is_its_full_forward(target):
+    draft = rm.DraftHead(target, draft_vocab=100, seed=1, layers=2)
+    g = torch.Generator().manual_seed(13)
+    tokens = torch.randint(0, DIMS.vocab, (2, 2), generator=g)
+    aux = torch.randn(2, 2, 3 * DIMS.hidden, generator=g, dtype=F64)
+    a, b = draft.new_cache(2, 16), draft.new_cache(2, 16)
+    draft.forward(tokens, aux, a, 0)
+    draft.catch_up(tokens, aux, b, 0)
+    assert all(torch.allclose(x, y, atol=1e-12) for x, y in zip(a.k + a.v, b.k + b.v))
+    assert b.k[1].abs().sum() > 0  # the second layer's cache is written too
+
+
+def test_step_set_catchup_and_resume_pieces(target):
+    draft = rm.DraftHead(target, draft_vocab=100)
+    dcache = draft.new_cache(3, 64)
+    dcache.fill_random(torch.Generator().manual_seed(14))
+    steps = rm.StepSet(target, draft, target.new_cache(3, 64), dcache, bs=3, context_len=30, num_steps=3)
+    ref = rm.KVCache([x.clone() for x in steps.dcache.k], [x.clone() for x in steps.dcache.v])
+    hn, hid = draft.forward(steps.tok1, steps.aux1, ref, 30)  # what the resume computes
+    assert steps.aux1.is_contiguous()
+    before = steps.dcache.k[0].clone()
+    steps.catchup()
+    assert torch.allclose(steps.dcache.k[0], ref.k[0], atol=1e-12) and torch.allclose(steps.dcache.v[0], ref.v[0])
+    assert torch.equal(steps.dcache.k[0][:, :, :30], before[:, :, :30])  # only position 30 written
+    steps.out_token.fill_(-1)
+    steps.resume()
+    assert torch.equal(steps.out_token, draft.hot_ids[draft.logits(hn)[:, -1].argmax(-1)])
+    assert torch.allclose(steps.out_hidden, hid[:, -1])

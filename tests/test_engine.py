@@ -234,3 +234,28 @@ def test_a_switching_servers_plain_steps_pay_the_draft_catch_up():
     assert first_decode(never).duration == pytest.approx(0.0135)  # plain + catch-up
     assert first_decode(build_policy("never"), catch_up=False).duration == pytest.approx(0.012)
     assert first_decode(build_policy("always")).duration == pytest.approx(0.020)  # a speculative step: no extra
+
+
+def test_a_switch_to_speculating_pays_the_resume_once_after_a_kv_only_catch_up():
+    """With catchup_ms/resume_ms a plain step of a switching server pays the KV-only catch-up, and
+    the first speculative step after plain ones pays one resume; later speculative steps, the
+    first step of all, and the plain server pay none."""
+    from tests.scripted_policy import Scripted
+
+    p = make_profile(steps={"batch_size": [1, 8, 64], "plain_ms": [10.0, 12.0, 40.0], "spec_ms": [15.0, 20.0, 90.0],
+                            "extend_ms": [1.0, 1.5, 4.0], "catchup_ms": [0.1, 0.2, 0.5],
+                            "resume_ms": [0.4, 0.6, 2.0]})
+
+    def decodes(policy, **kw):
+        eng = Engine(p, policy, **kw)
+        for _ in range(8):
+            eng.submit(4, 40)
+        return [s for s in run(eng) if s.kind == "decode"][:6]
+
+    script = [True, False, False, True, True, False]
+    steps = decodes(Scripted(script + [False] * 100))
+    assert [s.speculated for s in steps] == script
+    assert [s.duration for s in steps] == pytest.approx([0.020, 0.0122, 0.0122, 0.0206, 0.020, 0.0122])
+    assert [s.duration for s in decodes(Scripted(script + [False] * 100), catch_up=False)] == pytest.approx(
+        [0.020, 0.012, 0.012, 0.020, 0.020, 0.012])
+    assert [s.duration for s in decodes(None)] == pytest.approx([0.012] * 6)

@@ -437,3 +437,30 @@ def write_profile(path, **kw):
 
     path.write_text(yaml.safe_dump(profile_dict(**kw)))
     return path
+
+
+def _flat_profile(plain, spec, accept_length, resume=None):
+    steps = {"batch_size": [1, 128], "plain_ms": [plain, plain], "spec_ms": [spec, spec]}
+    if resume is not None:
+        steps.update(catchup_ms=[0.0, 0.0], resume_ms=[resume, resume])
+    return make_profile(accept_length=accept_length, steps=steps)
+
+
+def test_goodput_prior_and_probe_costs_include_the_resume():
+    """A switch to speculating pays one resume (resume_ms): the prior charges it over the dwell, and
+    a probe, which is a one-step switch, pays it in full (from plain) or on the way back (from spec)."""
+    from dynspec.policy import bucket_of
+
+    b = bucket_of(8)
+    losing, losing_r = _flat_profile(10, 24, 2.0), _flat_profile(10, 24, 2.0, resume=6)
+    assert Goodput(losing_r).t_est[1][b] == pytest.approx(0.024 + 0.006 / 8)
+    assert Goodput(losing_r, dwell=2).t_est[1][b] == pytest.approx(0.027)
+    # from plain: (ts + r) / tp - (1 + acc) plain steps lost per probe, over the 0.005 budget (int() of it)
+    assert 80 - 1 <= Goodput(losing)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
+    assert 215 - 1 <= Goodput(losing_r)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
+    winning, winning_r = _flat_profile(10, 12, 2.5), _flat_profile(10, 12, 2.5, resume=6)
+    assert 86 - 1 <= Goodput(winning)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
+    assert 170 - 1 <= Goodput(winning_r)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    # and a close call the resume tips: without it speculating gains 5%, with it loses
+    close, close_r = _flat_profile(10, 19, 2.0), _flat_profile(10, 19, 2.0, resume=16)
+    assert Goodput(close).decide(8) is True and Goodput(close_r).decide(8) is False

@@ -156,3 +156,43 @@ def test_spec_ms_goes_with_extend_ms_alone():
     d["steps"]["verify_ms"] = [11, 30]
     with pytest.raises(ProfileError, match="give spec_ms or its parts, not both"):
         parse_profile(d)
+
+
+def test_a_kv_only_catch_up_replaces_the_extend_and_a_switch_pays_a_resume():
+    """catchup_ms, when given, is a switching server's plain-step overhead (not extend_ms, which
+    stays part of the speculative step); resume_ms is per plain-to-spec switch.  Without them a
+    profile keeps its meaning: extend_ms is the catch-up and a switch costs nothing."""
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "draft_ms": [3, 6], "verify_ms": [11, 30],
+                  "extend_ms": [2, 4], "catchup_ms": [0.2, 0.6], "resume_ms": [0.5, 1.5], "extend_eager_ms": [5, 9]}
+    p = parse_profile(d)
+    assert p.catch_up_time(1) == pytest.approx(0.0002) and p.catch_up_time(32.5) == pytest.approx(0.0004)
+    assert p.resume_time(64) == pytest.approx(0.0015)
+    assert p.spec_time(1) == pytest.approx(0.016)  # extend still in the speculative step
+    old = {k: v for k, v in d["steps"].items() if k not in ("catchup_ms", "resume_ms")}
+    p_old = parse_profile({**d, "steps": old})
+    assert p_old.catch_up_time(64) == pytest.approx(0.004) and p_old.resume_time(64) == 0.0
+    tables = [{**d["steps"], "context_len": 1024},
+              {**d["steps"], "context_len": 4096, "catchup_ms": [0.4, 1.0], "resume_ms": [1.5, 2.5]}]
+    p2 = parse_profile({**d, "steps": tables})
+    assert p2.catch_up_time(1, 2560) == pytest.approx(0.0003) and p2.resume_time(64, 2560) == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"resume_ms": None}, "give catchup_ms and resume_ms together"),
+    ({"catchup_ms": None}, "give catchup_ms and resume_ms together"),
+    ({"catchup_ms": [0.1]}, "catchup_ms has 1 values but batch_size has 2"),
+    ({"resume_ms": [0.1, -1]}, "resume_ms must hold positive times"),
+])
+def test_bad_catch_up_columns_are_refused(change, message):
+    d = profile_dict()
+    d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [15, 40], "catchup_ms": [0.1, 0.2],
+                  "resume_ms": [0.5, 1.0], **change}
+    d["steps"] = {k: v for k, v in d["steps"].items() if v is not None}
+    with pytest.raises(ProfileError, match=message):
+        parse_profile(d)
+    d["steps"] = [{"context_len": 1024, "batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [15, 40],
+                   "catchup_ms": [0.1, 0.2], "resume_ms": [0.5, 1.0]},
+                  {"context_len": 4096, "batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [15, 40]}]
+    with pytest.raises(ProfileError, match="in every table or in none"):
+        parse_profile(d)

@@ -336,5 +336,6 @@ def test_banner_states_the_profiles_catch_up_cost():
 
     note = report.catch_up_note("seed-blackwell")
     p = load_profile("seed-blackwell")
-    assert f"{p.catch_up_time(1) / p.plain_time(1):.1%} of a plain step at batch 1" in note and "4.0%" in note
+    assert f"{p.catch_up_time(1) / p.plain_time(1):.1%} of a plain step at batch 1" in note and "1.3%" in note
+    assert "KV-only" in note and "5.5% .. 5.5% of a plain step (resume_ms)" in note
     assert report.catch_up_note("no-such-profile") == ""

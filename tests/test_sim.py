@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 from dynspec.cli import main
 from dynspec.fit import FitError, fit, load_fit_spec
@@ -203,3 +204,58 @@ def test_sim_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and needle in err and "\n" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_writes_a_kv_only_catch_up_and_a_resume(tmp_path):
+    """resume_fraction: the catch-up is the KV-only one (catchup_ms) and a switch pays resume_ms;
+    catch_up_from: both shares per knot from a calibrated profile, said so in the assumptions."""
+    spec_text = """
+name: tiny
+source: a test
+speculative: {num_steps: 2}
+acceptance: {accept_length: 2.0}
+prefill: {fixed_ms: 1.0, per_token_ms: 0.001}
+workload: {input_len: 32, output_len: 32, num_prompts: 8}
+targets:
+  - {concurrency: 1, baseline: 100.0, eagle3: 120.0}
+  - {concurrency: 4, baseline: 300.0, eagle3_speedup: 0.9}
+assumptions: ["made up"]
+"""
+    spec_path = tmp_path / "fit.yaml"
+    spec_path.write_text(spec_text + "catch_up_fraction: 0.01\nresume_fraction: 0.05\n")
+    p, table = fit(load_fit_spec(spec_path))
+    t = p.steps[0]
+    assert t.extend_ms is None and t.catchup_ms == [round(0.01 * x, 4) for x in t.plain_ms]
+    assert t.resume_ms == [round(0.05 * x, 4) for x in t.plain_ms]
+    assert p.resume_time(1) == pytest.approx(t.resume_ms[0] / 1000)
+    # a calibrated source: 2% / 10% at batch 1, 1% / 5% at batch 4 (its plain 10 -> 20 ms)
+    src = tmp_path / "src.yaml"
+    src.write_text(yaml.safe_dump({
+        "name": "measured-src", "hardware": "a GPU", "acceptance": {"accept_length": 2.0},
+        "steps": {"batch_size": [1, 4], "plain_ms": [10.0, 20.0], "spec_ms": [12.0, 30.0],
+                  "catchup_ms": [0.2, 0.2], "resume_ms": [1.0, 1.0]},
+        "provenance": {"kind": "measured", "source": "test", "date": "2026-11-30"}}))
+    spec_path.write_text(spec_text + f"catch_up_from: {src}\n")
+    q, table2 = fit(load_fit_spec(spec_path))
+    u = q.steps[0]
+    assert u.catchup_ms == [round(f * x, 4) for f, x in zip((0.02, 0.01), u.plain_ms)]
+    assert u.resume_ms == [round(f * x, 4) for f, x in zip((0.1, 0.05), u.plain_ms)]
+    assert u.plain_ms == t.plain_ms and table2 == table  # the fitted arms never pay either
+    note = q.provenance.assumptions[-1]
+    assert "2.00%, 1.00%" in note and "10.00%, 5.00%" in note and "measured-src" in note and "2026-11-30" in note
+    # two context tables: the workload's mean context (48) is below both, so the first's shares
+    two = yaml.safe_load(src.read_text())
+    t0 = {**two["steps"], "context_len": 1024}
+    two["steps"] = [t0, {**t0, "context_len": 4096, "catchup_ms": [0.9, 0.9], "resume_ms": [3.0, 3.0]}]
+    src.write_text(yaml.safe_dump(two))
+    assert fit(load_fit_spec(spec_path))[0].steps[0].catchup_ms == u.catchup_ms
+    assert "context 1024" in fit(load_fit_spec(spec_path))[0].provenance.assumptions[-1]
+    spec_path.write_text(spec_text + f"catch_up_from: {src}\ncatch_up_fraction: 0.01\n")
+    with pytest.raises(FitError, match="catch_up_from or catch_up_fraction"):
+        load_fit_spec(spec_path)
+    old = yaml.safe_load(src.read_text())
+    old["steps"] = [{k: v for k, v in t.items() if k not in ("catchup_ms", "resume_ms")} for t in old["steps"]]
+    src.write_text(yaml.safe_dump(old))  # a profile calibrated before issue 13
+    spec_path.write_text(spec_text + f"catch_up_from: {src}\n")
+    with pytest.raises(FitError, match="has no catchup_ms"):
+        fit(load_fit_spec(spec_path))

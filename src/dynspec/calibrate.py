@@ -12,7 +12,12 @@ after warm-up.
     draft    num_steps-1 single-token draft-head forwards (the first draft token comes from
              the draft-extend's logits, as SGLang's EAGLE workers do) + top-1 each
     extend   one draft-head forward over num_steps+1 tokens per request (SGLang's spec-v2
-             worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted
+             worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted;
+             also timed eagerly (extend_eager: 0.5.9 graphs it only on triton and trtllm_mla)
+    catchup  a switching server's plain step's draft work: the KV-only catch-up of 1 token per
+             request (embed, fc, norms, the K/V rows of qkv, RoPE, cache write)
+    resume   the first speculative step after plain steps: one full 1-token draft forward
+             (attention over the context, MLP, norm, LM head) + top-1
     forward  target forward of q tokens per request, for each --tokens-per-request: the curve
              that shows where verifying turns compute-bound
 
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
     from dynspec.random_model import StepSet
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}  # bytes per element
-STEP_KINDS = ("plain", "draft", "verify", "extend")
+STEP_KINDS = ("plain", "draft", "verify", "extend", "extend_eager", "catchup", "resume")
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
@@ -251,26 +256,28 @@ def _max_len(cfg: CalibrateConfig, context: int) -> int:
     return context + max(cfg.forward_tokens[-1], cfg.verify_tokens) + cfg.verify_tokens
 
 
-def _step_pieces(cfg: CalibrateConfig, steps: StepSet) -> list[tuple[str, Callable[[], None] | None]]:
-    """(kind, function) for every timing at one point; None: nothing to time."""
-    pieces = [("plain", steps.plain), ("draft", steps.draft_chain if cfg.num_steps > 1 else None),
-              ("verify", steps.verify), ("extend", steps.extend)]
-    return pieces + [(f"forward_q{q}", steps.forward_fn(q)) for q in cfg.forward_tokens if q > 1]
+def _step_pieces(cfg: CalibrateConfig, steps: StepSet) -> list[tuple[str, Callable[[], None] | None, bool]]:
+    """(kind, function, graphed) for every timing at one point; None: nothing to time."""
+    pieces = [("plain", steps.plain, True), ("draft", steps.draft_chain if cfg.num_steps > 1 else None, True),
+              ("verify", steps.verify, True), ("extend", steps.extend, True), ("extend_eager", steps.extend, False),
+              ("catchup", steps.catchup, True), ("resume", steps.resume, True)]
+    return pieces + [(f"forward_q{q}", steps.forward_fn(q), True) for q in cfg.forward_tokens if q > 1]
 
 
 def _time_point(cfg: CalibrateConfig, steps: StepSet, device, graphs: bool, bar) -> dict:
     """Every piece at one (context, batch size): {kind: {"ms": [...], "how": ...}}."""
     row: dict = {}
-    for kind, fn in _step_pieces(cfg, steps):
+    for kind, fn, graphed in _step_pieces(cfg, steps):
         if fn is None:
             row[kind] = {"ms": [0.0], "how": "none (num_steps 1: no draft forward)"}
         else:
-            ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs)
+            ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs and graphed)
             row[kind] = {"ms": ms, "how": how}
         bar.update()
     med = {k: statistics.median(v["ms"]) for k, v in row.items()}
     bar.write(f"context {steps.ctx} bs {steps.bs:4d}: plain {med['plain']:8.3f}  draft {med['draft']:8.3f}  "
-              f"verify {med['verify']:8.3f}  extend {med['extend']:8.3f} ms", file=sys.stderr)
+              f"verify {med['verify']:8.3f}  extend {med['extend']:8.3f} (eager {med['extend_eager']:8.3f})  "
+              f"catchup {med['catchup']:8.3f}  resume {med['resume']:8.3f} ms", file=sys.stderr)
     return row
 
 
@@ -303,7 +310,7 @@ def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m:
             + ", ".join(f"{n} quer{'y' if n == 1 else 'ies'} {e:.1e}" for n, e in errors.items()))
         if not all(e < 3e-2 for e in errors.values()):  # bf16 gave 2.2e-3 on an H200; more is a wrong result
             raise CalibrateError(f"attention self-check failed: relative errors {errors}")
-        n_pieces = 4 + len(cfg.forward_tokens) - 1  # plain, draft, verify, extend, forward at q > 1
+        n_pieces = len(STEP_KINDS) + len(cfg.forward_tokens) - 1  # the step pieces, forward at q > 1
         bar = tqdm(total=len(cfg.contexts) * len(cfg.batch_sizes) * n_pieces, desc="calibrate", unit="point",
                    disable=None, file=sys.stderr)
         for ctx in cfg.contexts:
@@ -396,10 +403,12 @@ def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
         forward = {q: med("plain" if q == 1 else f"forward_q{q}") for q in cfg.forward_tokens}
         return {"context_len": int(ctx), "batch_size": [int(b) for b in sizes], "plain_ms": med("plain"),
                 "draft_ms": med("draft"), "verify_ms": med("verify"), "extend_ms": med("extend"),
+                "catchup_ms": med("catchup"), "resume_ms": med("resume"), "extend_eager_ms": med("extend_eager"),
                 "forward_ms": forward}
 
     fixed, per_token = fit_prefill({n: statistics.median(v["ms"]) for n, v in raw["prefill"].items()})
-    hows = sorted({v["how"] for rows in raw["steps"].values() for row in rows.values() for v in row.values()})
+    hows = sorted({v["how"] for rows in raw["steps"].values() for row in rows.values()
+                   for k, v in row.items() if k != "extend_eager"})
     if "gpu" in env:
         machine = f"1x {env['gpu']} ({env['sm_count']} SMs, {env['memory_gib']} GiB)"
         versions = f"torch {env['torch']}, CUDA {env['cuda']}, driver {env.get('driver') or 'unknown'}"
@@ -433,6 +442,17 @@ def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
         (f"extend: one draft-head forward over {t} tokens per request (num_steps + 1, the fixed shape SGLang's "
          "spec-v2 worker replays in its CUDA graph; the v1 worker runs accept_length + 1) + top-1 at the last "
          "accepted position"),
+        (f"catchup: what a plain step of a server that can switch back to speculating adds (the {t}-token extend "
+         "before issue 13): the KV-only draft catch-up of the step's 1 token per request: embedding, fc over the 3 "
+         "aux hidden states, norms, the K/V rows of the draft layer's qkv projection, RoPE, KV cache write; no "
+         "attention, MLP or LM head" + ("" if cfg.draft_layers == 1 else
+                                        f"; with {cfg.draft_layers} draft layers the later layers read the first's "
+                                        "attention output, so it is the full 1-token draft forward")),
+        ("resume: once per plain-to-speculative switch: one full 1-token-per-request draft forward at the last "
+         "position (attention over the context, MLP, norm, LM head) + top-1"),
+        (f"extend_eager_ms: the {t}-token extend timed without a CUDA graph (SGLang 0.5.9 captures the draft-extend "
+         "graph only for the triton and trtllm_mla backends; flashinfer runs it eagerly), for reading; the "
+         "simulator does not use it"),
         (f"forward_ms: the target's forward of q = {','.join(map(str, cfg.forward_tokens))} tokens per request "
          "+ argmax at each, for reading the step-cost curve; the simulator uses plain/draft/verify/extend"),
         (f"prefill: target only, eager, {'/'.join(str(v['prompts']) for v in raw['prefill'].values())} prompts of "
@@ -466,12 +486,16 @@ def format_table(profile: dict) -> str:
     for s in tables:
         lines.append(f"context {s.get('context_len', '?')}:")
         qs = [q for q in s.get("forward_ms", {}) if q > 1]
+        new = [k for k in ("catchup_ms", "resume_ms", "extend_eager_ms") if s.get(k)]
+        heads = {"catchup_ms": "catchup", "resume_ms": "resume", "extend_eager_ms": "ext-eager"}
         lines.append(f"{'bs':>5s} {'plain':>9s} {'draft':>9s} {'verify':>9s} {'extend':>9s} {'spec':>9s} "
-                     f"{'spec/plain':>10s}" + "".join(f" {'q=' + str(q):>8s}" for q in qs))
+                     f"{'spec/plain':>10s}" + "".join(f" {heads[k]:>9s}" for k in new)
+                     + "".join(f" {'q=' + str(q):>8s}" for q in qs))
         for i, bs in enumerate(s["batch_size"]):
             spec = s["draft_ms"][i] + s["verify_ms"][i] + s["extend_ms"][i]
             lines.append(f"{bs:5d} {s['plain_ms'][i]:9.3f} {s['draft_ms'][i]:9.3f} {s['verify_ms'][i]:9.3f} "
                          f"{s['extend_ms'][i]:9.3f} {spec:9.3f} {spec / s['plain_ms'][i]:10.2f}"
+                         + "".join(f" {s[k][i]:9.3f}" for k in new)
                          + "".join(f" {s['forward_ms'][q][i]:8.3f}" for q in qs))
     return "\n".join(lines)
 
@@ -495,7 +519,8 @@ def profile_yaml(profile: dict) -> str:
     from dynspec.profile import dump_profile
 
     head = [f"{profile['name']}: written by `{profile['provenance']['command']}`; measured, do not edit by hand.",
-            "Median milliseconds per step piece (spec = draft + verify + extend; q=N: target forward of N tokens):"]
+            "Median milliseconds per step piece (spec = draft + verify + extend; catchup, resume: issue 13's draft "
+            "catch-up per plain step and per switch; q=N: target forward of N tokens):"]
     head += ["  " + line for line in format_table(profile).splitlines()]
     return dump_profile(profile, head)
 

@@ -209,11 +209,13 @@ class Engine:
         self._next_rid = 0
         self._plain_t: list[float] = []  # step times by batch size, filled on first use
         self._spec_t: list[float] = []
+        self._resume_t: list[float] = []
         self._extrap: list[bool] = []
-        self._ctx_times: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        self._ctx_times: dict[tuple[int, int], tuple[float, float, bool, float]] = {}
         self._context_aware = profile.context_aware  # step times by context too (several tables)
-        # A server that can speculate pays a draft catch-up on its plain steps (Profile.catch_up_time);
-        # the plain server (policy None) does not.  catch_up=False: what if it were free.
+        # A server that can speculate pays a draft catch-up on its plain steps (Profile.catch_up_time)
+        # and, after a KV-only catch-up, a resume on each switch to speculating (Profile.resume_time);
+        # the plain server (policy None) does not.  catch_up=False: what if both were free.
         self._switchable = policy is not None and catch_up
 
     # Requests -------------------------------------------------------------------------
@@ -263,7 +265,8 @@ class Engine:
             self.clock = t
 
     # Step times -------------------------------------------------------------------------
-    def _times(self, bs: int) -> tuple[float, float, bool]:
+    def _times(self, bs: int) -> tuple[float, float, bool, float]:
+        """(plain step, speculative step, extrapolated, resume) at batch size bs."""
         if self._context_aware:
             # Step times by batch size and the batch's mean context (tokens in its KV cache),
             # cached per 16 tokens of context.
@@ -272,7 +275,8 @@ class Engine:
             if key not in self._ctx_times:
                 p = self.profile
                 plain = p.plain_time(bs, ctx) + (p.catch_up_time(bs, ctx) if self._switchable else 0.0)
-                self._ctx_times[key] = (plain, p.spec_time(bs, ctx), p.extrapolates(bs, ctx))
+                resume = p.resume_time(bs, ctx) if self._switchable else 0.0
+                self._ctx_times[key] = (plain, p.spec_time(bs, ctx), p.extrapolates(bs, ctx), resume)
             return self._ctx_times[key]
         while len(self._plain_t) <= bs:
             n = len(self._plain_t)
@@ -280,7 +284,8 @@ class Engine:
             self._plain_t.append(self.profile.plain_time(n) + catch_up)
             self._spec_t.append(self.profile.spec_time(n))
             self._extrap.append(self.profile.extrapolates(n))
-        return self._plain_t[bs], self._spec_t[bs], self._extrap[bs]
+            self._resume_t.append(self.profile.resume_time(n) if self._switchable else 0.0)
+        return self._plain_t[bs], self._spec_t[bs], self._extrap[bs], self._resume_t[bs]
 
     # Stepping ---------------------------------------------------------------------------
     def step(self) -> Step | None:
@@ -332,14 +337,16 @@ class Engine:
     def _decode(self) -> Step:
         running = self.running
         bs = len(running)
-        t_plain, t_spec, extrap = self._times(bs)
+        t_plain, t_spec, extrap, t_resume = self._times(bs)
         spec = self.policy.decide(bs) if self.policy is not None else False
         st = self.stats
         if self.mode is not None and spec != self.mode:
             st.switches += 1
-        self.mode = spec
         start = self.clock
         duration = t_spec if spec else t_plain
+        if spec and self.mode is False:  # the first speculative step after plain ones resumes the draft
+            duration += t_resume
+        self.mode = spec
         self.clock = end = start + duration
         finished: list[Request] = []
         still: list[Request] = []

@@ -75,6 +75,13 @@ class FitSpec(_Strict):
     # fraction of the plain step at each knot: written as extend_ms (Profile.catch_up_time).  The
     # fitted arms (plain server, always speculating) never pay it, so the fit does not depend on it.
     catch_up_fraction: float = Field(0.0, ge=0, lt=1)
+    # Given: the catch-up is the patch's KV-only one (issue 13): catch_up_fraction is written as
+    # catchup_ms, and this share of the plain step as resume_ms, paid once per switch to speculating.
+    resume_fraction: float | None = Field(None, ge=0, lt=1)
+    # Or both shares per knot from a calibrated profile (name or path) with catchup_ms and resume_ms:
+    # its catchup/plain and resume/plain at the knot's batch size, at the workload's mean context
+    # (clamped to the measured contexts).
+    catch_up_from: str | None = None
     tolerance: float = Field(0.03, gt=0, lt=1)  # relative error every target must meet
     source: str
     kind: Literal["fitted", "derived"] = "fitted"
@@ -97,6 +104,8 @@ class FitSpec(_Strict):
                 raise ValueError(f"target at concurrency {t.concurrency} has no eagle3 figure")
             if t.baseline is None and self.plain_slope_ms is None:
                 raise ValueError(f"target at concurrency {t.concurrency} has no baseline: give plain_slope_ms")
+        if self.catch_up_from and (self.catch_up_fraction or self.resume_fraction is not None):
+            raise ValueError("give catch_up_from or catch_up_fraction/resume_fraction, not both")
         return self
 
 
@@ -109,16 +118,54 @@ def load_fit_spec(path: str | Path) -> FitSpec:
     return parse_model(FitSpec, read_yaml(path, FitError, "fit spec"), str(path), FitError, "fit spec")
 
 
-def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], command: str | None = None) -> Profile:
+def catch_up_shares(spec: FitSpec) -> tuple[list[float], list[float] | None, list[str]]:
+    """Per knot, the plain step's catch-up share and the switch's resume share (None: the old full
+    draft-extend model, no resume), and the assumption lines that say where they came from."""
+    n = len(spec.targets)
+    if not spec.catch_up_from:
+        resume = None if spec.resume_fraction is None else [spec.resume_fraction] * n
+        return [spec.catch_up_fraction] * n, resume, []
+    from dynspec.profile import ProfileError, load_profile
+
+    try:
+        src = load_profile(spec.catch_up_from)
+    except ProfileError as exc:
+        raise FitError(f"catch_up_from: {exc}") from None
+    if src.steps[0].catchup_ms is None:
+        raise FitError(f"catch_up_from: profile {src.name} has no catchup_ms and resume_ms (calibrate it again)")
+    ctx = None
+    if src.context_aware:  # the workload's mean context, within the measured ones (shares, not times)
+        measured = [t.context_len for t in src.steps]
+        ctx = min(max(spec.workload.input_len + spec.workload.output_len / 2, measured[0]), measured[-1])
+    bs = [t.concurrency for t in spec.targets]
+    cu = [round(src.catch_up_time(b, ctx) / src.plain_time(b, ctx), 5) for b in bs]
+    res = [round(src.resume_time(b, ctx) / src.plain_time(b, ctx), 5) for b in bs]
+
+    def pct(xs):
+        return ", ".join(f"{100 * x:.2f}%" for x in xs)
+    when = f", {src.provenance.date}" if src.provenance.date else ""
+    note = (f"a plain step inside a server that can switch back to speculating (dynspec's patched 0.5.9, KV-only "
+            f"draft catch-up) costs the plain server's step plus {pct(cu)} of it (catchup_ms), and each switch to "
+            f"speculating adds {pct(res)} of a plain step once (resume_ms), at batch {', '.join(map(str, bs))}: "
+            f"the shares profile {src.name} measured at these batch sizes"
+            + (f" and context {ctx:g}" if ctx is not None else "")
+            + f" ({src.provenance.kind} on {src.hardware or 'unknown hardware'}{when}), not measured on this node")
+    return cu, res, [note]
+
+
+def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], command: str | None = None,
+                  shares: tuple | None = None) -> Profile:
+    cu, res, notes = shares or catch_up_shares(spec)
+    catch_up = [round(f * x, 4) for f, x in zip(cu, plain_ms)] if any(cu) or res is not None else None
+    columns = ({"extend_ms": catch_up} if res is None else
+               {"catchup_ms": catch_up, "resume_ms": [round(f * x, 4) for f, x in zip(res, plain_ms)]})
     return Profile(
         name=spec.name, description=spec.description, hardware=spec.hardware, model=spec.model,
         speculative=spec.speculative, acceptance=spec.acceptance, prefill=spec.prefill,
         steps=[Steps(batch_size=[t.concurrency for t in spec.targets],
-                     plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms],
-                     extend_ms=[round(spec.catch_up_fraction * x, 4) for x in plain_ms]
-                     if spec.catch_up_fraction else None)],
+                     plain_ms=[round(x, 4) for x in plain_ms], spec_ms=[round(x, 4) for x in spec_ms], **columns)],
         provenance=Provenance(kind=spec.kind, source=spec.source, command=command,
-                              assumptions=list(spec.assumptions)),
+                              assumptions=list(spec.assumptions) + notes),
     )
 
 
@@ -166,8 +213,9 @@ def fit(spec: FitSpec, *, max_iter: int = 40, command: str | None = None, log=No
             specs_.append(1000.0 * t.concurrency * accept / t.eagle3)
         else:
             specs_.append(tp * accept / t.eagle3_speedup)
+    shares = catch_up_shares(spec)
     for it in range(max_iter):
-        profile = build_profile(spec, plain, specs_, command)
+        profile = build_profile(spec, plain, specs_, command, shares)
         sim = simulate_targets(profile, spec)
         want = target_values(spec, sim)
         errors = {k: sim[k] / v - 1.0 for k, v in want.items()}

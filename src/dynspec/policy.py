@@ -355,12 +355,17 @@ class Goodput(Policy):
         self.acc_global: float | None = None
         # Explore only what no prior covers: without a profile, both modes everywhere.
         self._explore = profile is None and use_times
+        # A switch to speculating pays one resume (Profile.resume_time); without a profile, measured
+        # speculative step times include it.
+        self._t_resume = [0.0] * n
         if profile is not None:
             self.acc_global = profile.acceptance.mean_accepted
             for b in range(n):
                 bs = bucket_mid(b)
                 self.t_est[0][b] = profile.plain_time(bs) + profile.catch_up_time(bs)  # as the patched server's
-                self.t_est[1][b] = profile.spec_time(bs)
+                self._t_resume[b] = profile.resume_time(bs)
+                # A switch holds for at least `dwell` steps: the resume is at most that share of each.
+                self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         # Times measured since the last sync: [mode][bucket] sum and count.
         self._t_sum = [[0.0] * n, [0.0] * n]
         self._t_cnt = [[0] * n, [0] * n]
@@ -397,15 +402,16 @@ class Goodput(Policy):
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
         # Output lost by one probe, in steps of the mode probed from: from plain, a spec
-        # step costs ts/tp plain steps and returns g of them; from spec, a plain step
-        # returns 1 token where spec would give g, out of (1 + acc) per spec step.
-        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
+        # step and its resume r cost (ts + r)/tp plain steps and return 1 + acc tokens; from
+        # spec, a plain step returns 1 token where spec would give g, out of (1 + acc) per
+        # spec step, and the way back pays r.
+        lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
         if g < 1.0:
-            self._interval[0][b] = int(min(hi, max(lo, ts / tp * (1.0 - g) / budget)))
+            self._interval[0][b] = int(min(hi, max(lo, ((ts + r) / tp - (1.0 + acc)) / budget)))
             self._interval[1][b] = lo
         else:
             self._interval[0][b] = lo
-            self._interval[1][b] = int(min(hi, max(lo, (g - 1.0) / (1.0 + acc) / budget)))
+            self._interval[1][b] = int(min(hi, max(lo, ((g - 1.0) / (1.0 + acc) + r / ts) / budget)))
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1

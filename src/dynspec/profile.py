@@ -59,6 +59,14 @@ class Steps(_Strict):
     draft_ms: list[float] | None = None
     verify_ms: list[float] | None = None
     extend_ms: list[float] | None = None
+    # Optional, the draft catch-up of issue 13's patch (both or neither): what a plain step of a server
+    # that can switch back to speculating adds (the KV-only draft catch-up of its 1 token per request),
+    # and what each plain-to-speculative switch adds (one full 1-token draft forward).  Without them, a
+    # switching server's plain step adds extend_ms (the full draft-extend) and a switch adds nothing.
+    catchup_ms: list[float] | None = None
+    resume_ms: list[float] | None = None
+    # Optional, for reading: the extend without a CUDA graph (0.5.9 on flashinfer).
+    extend_eager_ms: list[float] | None = None
     # Optional, for reading not simulating: the target's forward alone with q tokens per request
     # ({q: ms per batch size}), the curve that shows where verifying k+1 tokens turns compute-bound.
     forward_ms: dict[int, list[float]] | None = None
@@ -73,7 +81,10 @@ class Steps(_Strict):
             raise ValueError("give spec_ms, or all of draft_ms, verify_ms and extend_ms")
         if self.spec_ms is not None and (self.draft_ms is not None or self.verify_ms is not None):
             raise ValueError("give spec_ms or its parts, not both (extend_ms alone may go with spec_ms)")
-        for key in ("plain_ms", "spec_ms", "draft_ms", "verify_ms", "extend_ms"):
+        if (self.catchup_ms is None) != (self.resume_ms is None):
+            raise ValueError("give catchup_ms and resume_ms together (a KV-only catch-up needs a resume)")
+        for key in ("plain_ms", "spec_ms", "draft_ms", "verify_ms", "extend_ms", "catchup_ms", "resume_ms",
+                    "extend_eager_ms"):
             v = getattr(self, key)
             if v is None:
                 continue
@@ -139,6 +150,8 @@ class Profile(_Strict):
         ctx = [t.context_len for t in self.steps]
         if len(ctx) > 1 and (None in ctx or any(a >= b for a, b in zip(ctx, ctx[1:]))):
             raise ValueError("steps: several tables need each a context_len, strictly increasing")
+        if len({t.catchup_ms is None for t in self.steps}) > 1:
+            raise ValueError("steps: give catchup_ms and resume_ms in every table or in none")
         return self
 
     # Interpolation ------------------------------------------------------------------
@@ -177,11 +190,21 @@ class Profile(_Strict):
 
     def catch_up_time(self, bs: float, context: float | None = None) -> float:
         """Seconds a plain step costs on top of plain_time inside a server that can switch back to
-        speculating: the draft-extend that keeps the draft's KV cache current (dynspec's 0.5.9
-        patch runs the speculative step's own).  extend_ms; 0 when the profile does not give it."""
+        speculating, keeping the draft's KV cache current: catchup_ms (the KV-only catch-up) when
+        the profile gives it, else extend_ms (the full draft-extend the patch ran before issue 13);
+        0 when it gives neither."""
+        if self.steps[0].catchup_ms is not None:
+            return self._time_ms("catchup_ms", bs, context) / 1000.0
         if any(t.extend_ms is None for t in self.steps):
             return 0.0
         return self._time_ms("extend_ms", bs, context) / 1000.0
+
+    def resume_time(self, bs: float, context: float | None = None) -> float:
+        """Seconds a switch from plain to speculative steps adds once (to its first speculative
+        step): the full 1-token draft forward after KV-only catch-ups.  resume_ms; 0 without it."""
+        if self.steps[0].resume_ms is None:
+            return 0.0
+        return self._time_ms("resume_ms", bs, context) / 1000.0
 
     def spec_time(self, bs: float, context: float | None = None) -> float:
         """Seconds for one speculative step (draft + verify + draft-extend) at bs."""

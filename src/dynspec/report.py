@@ -384,8 +384,13 @@ def catch_up_note(profile_name: str) -> str:
     lo, hi = (p.catch_up_time(b) / p.plain_time(b) for b in (1, top))
     if not lo and not hi:
         return ""
-    return (f" Arms with a policy pay the patched server's draft catch-up on every plain step: "
-            f"{lo:.1%} of a plain step at batch 1, {hi:.1%} at {top} (the profile's extend_ms).")
+    if p.steps[0].resume_ms is None:
+        return (f" Arms with a policy pay the patched server's draft catch-up on every plain step: "
+                f"{lo:.1%} of a plain step at batch 1, {hi:.1%} at {top} (the profile's extend_ms).")
+    r_lo, r_hi = (p.resume_time(b) / p.plain_time(b) for b in (1, top))
+    return (f" Arms with a policy pay the patched server's KV-only draft catch-up on every plain step: "
+            f"{lo:.1%} of a plain step at batch 1, {hi:.1%} at {top} (the profile's catchup_ms), and a resume "
+            f"on each switch to speculating: {r_lo:.1%} .. {r_hi:.1%} of a plain step (resume_ms).")
 
 
 def banner(run: Run) -> str:
