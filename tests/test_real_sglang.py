@@ -14,7 +14,6 @@ both ways.  Two mutant arms carry a deliberately broken plain step and must fail
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import statistics
@@ -26,7 +25,7 @@ import pytest
 pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
 
 from dynspec import realsglang  # noqa: E402
-from dynspec.realsglang.arms import Arm, greedy, server_info, start_arms  # noqa: E402
+from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
 from dynspec.servers import dynspec_state  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
@@ -45,13 +44,6 @@ MUTANTS = {
     "mutant-no-catch-up": ("    draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,",
                            "    0 and draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,"),
 }
-
-
-def prompts_and_lengths(seed: int = 7):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(6, 24))] for _ in range(N_PROMPTS)]
-    lengths = [24 + 10 * i for i in range(N_PROMPTS)]  # finish one by one: the batch shrinks
-    return prompts, lengths
 
 
 def mutant_site(tmp, name: str):
@@ -87,7 +79,7 @@ def runs(tmp_path_factory):
         Arm("patched-cycle", patched=True, policy=CYCLE),
         *(Arm(name, patched=True, policy=CYCLE, site=mutant_site(tmp, name)) for name in MUTANTS),
     ]
-    prompts, lengths = prompts_and_lengths()
+    prompts, lengths = shrinking_prompts(N_PROMPTS)
     out = {"prompts": prompts, "lengths": lengths, "logdir": logdir, "arms": {}}
     try:
         for wave in (arms[:WAVE], arms[WAVE:]):  # all at once would not fit in 24 GB beside the rest

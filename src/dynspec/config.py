@@ -19,7 +19,7 @@ from dynspec.typed_yaml import parse_model, read_yaml
 
 BACKENDS = ("live", "sim", "emulate")
 SIM_ARMS = ("baseline", "eagle3", "dynamic")  # what the simulator/emulator can model; or policy:SPEC
-PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}")
+PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
 # What a path left for the user to fill in looks like.
 _PLACEHOLDER_PATH = re.compile(r"FILL[_ -]?ME|^/path/to/|<[^>]*>|TODO|CHANGEME", re.IGNORECASE)
 
@@ -109,7 +109,9 @@ class SweepConfig(_Strict):
     profile: str = "seed-blackwell"  # what the sim and emulate backends model
     host: str = "127.0.0.1"
     concurrency: list[int] = Field(min_length=1)
-    num_prompts: int | None = Field(None, ge=1)  # None: max(5*C, 50) per level
+    num_prompts: int | None = Field(None, ge=1)  # None: max(prompts_per_client*C, min_prompts) per level
+    prompts_per_client: int = Field(5, ge=1)
+    min_prompts: int = Field(50, ge=1)
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(256, ge=1)
     prompts: Prompts = Prompts()
@@ -139,8 +141,10 @@ class SweepConfig(_Strict):
         return v
 
     def prompts_for(self, concurrency: int) -> int:
-        """Measured requests at one level: the config's num_prompts, else max(5*C, 50)."""
-        return self.num_prompts if self.num_prompts is not None else max(5 * concurrency, 50)
+        """Measured requests at one level: the config's num_prompts, else max(5*C, 50) by default."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        return max(self.prompts_per_client * concurrency, self.min_prompts)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -352,7 +352,7 @@ class _Sweep:
             argv = emulator_argv(cfg.profile, arm.sim_arm, cfg.host, port, cfg.emulate.time_scale, cfg.seed)
         else:
             argv = fill_placeholders(arm.launch, {"model": cfg.model or "", "draft_model": cfg.draft_model or "",
-                                                  "port": str(port), "host": cfg.host})
+                                                  "port": str(port), "host": cfg.host, "python": sys.executable})
         self.server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=arm.env,
                                 log_path=self.run.dir / "logs" / f"{arm.name}.log",
                                 startup_timeout=cfg.timeouts.startup_s,

@@ -26,10 +26,14 @@ from pathlib import Path
 
 VERSION = "0.5.9"
 SITE = Path(__file__).parent / "site"
+# torchvision: a stand-in only where the real one cannot load (the CPU torch build).
+SITE_CPU = Path(__file__).parent / "site-cpu"
 
-# CPU: the torch-native attention and sampling backends, no CUDA graphs, float32.
+# CPU: the torch-native attention and sampling backends, no CUDA graphs, float32, and a
+# KV pool sized in tokens (by default SGLang sizes it to a share of all free CPU memory).
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-            "--disable-cuda-graph", "--dtype", "float32"]
+            "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "8192",
+            "--max-running-requests", "8"]
 # GPU without flashinfer: Triton attention (its draft-extend is CUDA-graphed in 0.5.9).
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
 COMMON_ARGS = ["--grammar-backend", "none", "--random-seed", "0", "--skip-server-warmup"]
@@ -84,7 +88,8 @@ def sglang_site(patched: bool, root: Path | None = None) -> Path:
 def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> dict[str, str]:
     """The environment of a server process: stand-ins first, then the chosen sglang copy."""
     env = dict(os.environ if base is None else base)
-    path = [str(SITE), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sites = [SITE] if gpu else [SITE, SITE_CPU]
+    path = [*map(str, sites), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in is not sgl-kernel 0.3.21
     if gpu:

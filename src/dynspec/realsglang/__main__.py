@@ -23,15 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("models", help="write a tiny target (DIR/target) and EAGLE-3 draft (DIR/draft)")
     m.add_argument("dir")
     m.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    m.add_argument("--dummy", metavar="PRESET", help="configs only, for --load-format dummy, at a preset's "
+                   "shapes (e.g. llama-3.1-8b) instead of the tiny crafted models")
     s = sub.add_parser("serve", help="exec the real sglang.launch_server with dynspec's stand-ins")
     s.add_argument("--patched", action="store_true", help="the copy patched by dynspec (else upstream)")
     s.add_argument("--gpu", action="store_true", help="a CUDA machine (else the CPU device)")
     s.add_argument("sglang_args", nargs=argparse.REMAINDER, help="arguments for sglang.launch_server (after --)")
     args = ap.parse_args(argv)
     if args.cmd == "models":
-        from dynspec.realsglang.tinymodels import make_models
+        from dynspec.realsglang.tinymodels import make_dummy_models, make_models
 
-        target, draft = make_models(args.dir, dtype=args.dtype)
+        target, draft = (make_dummy_models(args.dir, args.dummy) if args.dummy
+                         else make_models(args.dir, dtype=args.dtype))
         print(f"target: {target}\ndraft: {draft}")
         return 0
     rest = args.sglang_args[1:] if args.sglang_args[:1] == ["--"] else args.sglang_args

@@ -66,6 +66,15 @@ def start_arms(arms: list[Arm], models: Path, logdir: Path, **kw):
             s.stop()
 
 
+def shrinking_prompts(n: int = 4, seed: int = 7, vocab: int = 256) -> tuple[list[list[int]], list[int]]:
+    """n random prompts whose output lengths differ (24, 34, ...), so the batch shrinks n -> 1."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randrange(6, 24))] for _ in range(n)]
+    return prompts, [24 + 10 * i for i in range(n)]
+
+
 def generate(base_url: str, ids: list[int], max_new_tokens: int, timeout: float = 600.0) -> dict:
     body = json.dumps({"input_ids": ids, "sampling_params": {
         "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}).encode()

@@ -197,3 +197,29 @@ def expected_follow_rate(models: str | Path, prompts: list[list[int]], max_new_t
         follow += sum(int(g[a]) == b for a, b in zip(seq, seq[1:]))
         total += len(seq) - 1
     return follow / total
+
+
+def make_dummy_models(out: str | Path, preset: str = "llama-3.1-8b", draft_vocab: int = 32000) -> tuple[Path, Path]:
+    """Configs and a tokenizer (no weights) for a real-shaped target and EAGLE-3 head, to serve
+    with `--load-format dummy`: SGLang fills the weights with random values, so the draft is
+    almost never right (accept length about 1) while every step costs what it costs at these
+    shapes.  `draft_vocab` as a released EAGLE-3 head for the target (32000 for Llama-3.1-8B)."""
+    from dynspec.model_shapes import PRESETS
+
+    m = PRESETS[preset]
+    out = Path(out)
+    target, draft = out / "target", out / "draft"
+    common = dict(vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.intermediate,
+                  num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                  max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=m.rope_theta, hidden_act="silu",
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="bfloat16",
+                  model_type="llama")
+    for folder in (target, draft):
+        folder.mkdir(parents=True, exist_ok=True)
+        _tokenizer_files(folder, m.vocab)
+    (target / "config.json").write_text(json.dumps(
+        {**common, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": m.layers}, indent=1))
+    (draft / "config.json").write_text(json.dumps(
+        {**common, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+         "draft_vocab_size": draft_vocab, "target_hidden_size": m.hidden}, indent=1))
+    return target, draft

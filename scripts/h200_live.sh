@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on the lent H200 (no network): the real SGLang 0.5.9, upstream and patched by dynspec.
+#   1. tiny crafted models, six arms side by side, CUDA graphs on: greedy identity and counters;
+#   2. Llama-3.1-8B shapes (dummy weights, bf16): `dynspec sweep --backend live` over
+#      configs/h200-llama8b-live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).
+# Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
+# Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder).
+set -u
+OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
+    --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
+echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"
+python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
+timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config configs/h200-llama8b-live.yaml --run-id h200-llama8b-live \
+    --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
+echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
+tar czf "$OUT/h200-llama8b-live.tgz" -C /tmp/runs h200-llama8b-live
