@@ -349,7 +349,7 @@ def load_controller(
         return None
     ctl = _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger)
     if tp_size > 1 and min_sync is not None:
-        ctl = _agree_start(ctl, min_sync, tp_rank, logger)
+        ctl = agree_start(ctl, min_sync, tp_rank, logger)
     if ctl is not None and tp_rank == 0:
         logger.info(
             "dynspec: policy %s is live (profile: %s, TP ranks: %d, step times: %s); "
@@ -389,8 +389,8 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
     return None
 
 
-def _agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
-                 logger: logging.Logger) -> Controller | None:
+def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
+                logger: logging.Logger) -> Controller | None:
     """Every rank: MIN over [started, has a sync hook]; all keep dynspec (and the hook) or none."""
     started, synced = min_sync([1.0 if ctl is not None else 0.0,
                                 1.0 if ctl is not None and ctl.sync is not None else 0.0])[:2]
