@@ -336,9 +336,9 @@ def load_controller(
     one (called only when a policy is configured); needed for measured step times
     to count, and for the ranks' agreements, when tp_size > 1.
     `min_sync`: an all-reduce-min hook over the TP ranks.  With it (and tp_size > 1)
-    every rank that gets here joins one MIN at the end, on [controller built, sync
-    hook built]: if any rank could not start, every rank returns None; if any rank
-    has no sync hook, none uses one.  Without it each rank decides that alone.
+    every rank that gets here joins one MIN at the end (`agree_start`): if any rank
+    could not start, every rank returns None; if any rank has no sync hook, none uses
+    one.  Without it each rank decides that alone.
     Any failure here logs one warning (rank 0) and returns None: the server then
     speculates on every step exactly as configured.
     """
@@ -391,15 +391,16 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
 
 def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
                 logger: logging.Logger) -> Controller | None:
-    """Every rank: MIN over [started, has a sync hook]; all keep dynspec (and the hook) or none."""
-    started, synced = min_sync([1.0 if ctl is not None else 0.0,
-                                1.0 if ctl is not None and ctl.sync is not None else 0.0])[:2]
-    if started < 1.0:
+    """Every rank, once: MIN over one value (0: no controller, 1: one without a sync hook,
+    2: one with); all ranks keep dynspec (and the hook) or none does."""
+    mine = 0.0 if ctl is None else (2.0 if ctl.sync is not None else 1.0)
+    agreed = min_sync([mine])[0]
+    if agreed < 1.0:
         if ctl is not None:
             _warn(logger, tp_rank, "dynspec: could not start on every TP rank; dynspec is OFF on every rank "
                   "and the server speculates on every step as configured")
         return None
-    if synced < 1.0 and ctl.sync is not None:
+    if agreed < 2.0 and ctl.sync is not None:
         _warn(logger, tp_rank, "dynspec: the TP sync hook is missing on a TP rank; step times unused on "
               "every rank, the policy decides from batch size, acceptance and profile")
         ctl._use_sync(None)
