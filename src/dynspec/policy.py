@@ -8,7 +8,11 @@ Tensor-parallel safety: every rank must take the same decision at every step, or
 the collectives hang.  So a decision may depend only on what every rank sees
 identically (batch size, accepted-token counts, a profile read at start, the step
 counter) or on values the ranks agreed on through the `sync` hook the caller
-supplies.  Local wall-clock step times never reach a decision directly.
+supplies.  Local wall-clock step times never reach a decision directly.  A policy
+says what the ranks agree on (`sync_values`/`sync_apply`), when (`sync_schedule`,
+a function of the step stream only) and what its decisions depend on (`state_key`,
+checksummed across ranks); `Goodput(sync=hook)` runs the agreements itself, and
+dynspec.sglang_hook.Controller runs them for any policy in a TP server (`defer_sync`).
 
 Policies are built from one spec string, the same in the CLI, configs and the
 server's environment (DYNSPEC_POLICY):

@@ -11,7 +11,9 @@ asked, by DYNSPEC_POLICY or by a "dynspec" key in the adaptive config JSON:
 
 The integer keys still size SGLang's buffers and validate --speculative-num-steps
 (upstream reads them before any policy exists); dynspec uses two of the states:
-the configured step count when its policy says speculate, 0 when it says plain.
+the configured step count when its policy says speculate, 0 when it says plain.  So
+dynspec runs only with a config whose candidate steps are exactly [0, N]
+(`steps_problem`): SGLang's default ([0, 1, 3, 5, 7]) would size buffers for 7 steps.
 
 How the protocol's calls map onto dynspec (all on the scheduler thread):
   get_steps_for_batch(bs)   once per decode forward, before drafting -> Policy.decide

@@ -16,6 +16,39 @@ it pydantic and yaml, only when DYNSPEC_PROFILE is set).  Never raises out of
 `load_controller`: a missing or broken configuration logs one warning and the
 server speculates as configured.
 
+Tensor parallelism (every rank runs its own Controller; all must decide alike):
+
+* Start: every rank joins one all-reduce MIN (`agree_start`, run by
+  `load_controller(min_sync=...)`): dynspec runs on every rank or on none, and the
+  mean sync hook is used by every rank or by none.  A rank that cannot even import
+  dynspec must still join it, with `min_sync([0.0])`.  Then, after trying to capture
+  the plain-step CUDA graphs, `ctl.agree_plain_graphs(captured)` (one more MIN) says
+  whether every rank has them; if not, every rank runs plain steps eagerly.
+* Running: every `sync_every` steps (and once per bucket just explored, for goodput)
+  the Controller runs one all-reduce mean (the `sync` hook) carrying the policy's
+  step-time sums and counts, a "failed" flag and a checksum of its decision state.
+  If any rank's policy failed or the checksums differ, every rank speculates as
+  configured from that step on (one warning, rank 0).  The schedule depends only on
+  the step stream, so a rank whose policy failed still joins every agreement.
+* Both hooks must be called at the same point on every rank.  Returning before them
+  is safe only on conditions identical on every rank (DYNSPEC_POLICY, server args).
+
+What the 0.5.9 patch calls, on every TP rank, in `EAGLEWorkerV2.__init__`:
+
+    min_sync = _dynspec_tp_min(worker) if tp_size > 1 else None  # all_reduce(op=MIN), cpu group
+    try:
+        from dynspec.sglang_hook import load_controller, plain_cuda_graph_enabled
+    except Exception:
+        if min_sync is not None:
+            min_sync([0.0])  # join the start agreement: dynspec off on every rank
+        return
+    ctl = load_controller(tp_rank=tp_rank, tp_size=tp_size, min_sync=min_sync,
+                          sync_factory=lambda: _dynspec_tp_sync(worker), ...)
+    if ctl is None:
+        return  # None on every rank
+    graphs = _dynspec_capture_plain_graphs(worker) if want_graphs else None
+    worker._dynspec_graphs = graphs if ctl.agree_plain_graphs(graphs is not None) else None
+
 Environment:
     DYNSPEC_POLICY   policy spec (dynspec.policy.build_policy), e.g. goodput,
                      threshold:32, table:1-63=on,64-=off.  Unset or empty: inert.
