@@ -100,17 +100,6 @@ class Controller:
     back to speculating as configured at the same step.
     """
 
-    def _use_sync(self, sync: SyncHook | None) -> None:
-        self.sync = sync
-        # Step times reach the policy only when they are agreed: one rank, or a sync hook.
-        self.times_agreed = self.tp_size <= 1 or sync is not None
-        self.agreeing = self.tp_size > 1 and sync is not None
-        if self.agreeing:
-            inner = self.policy.inner
-            inner.defer_sync()
-            self._schedule = inner.sync_schedule()
-            self._n_values = len(inner.sync_values())
-
     def __init__(
         self,
         policy: Policy,
@@ -153,6 +142,17 @@ class Controller:
         self._skip_intervals = 1  # the first interval has no start
         self._lock = threading.Lock()  # stats() may be read from another thread
         self._prom = None
+
+    def _use_sync(self, sync: SyncHook | None) -> None:
+        self.sync = sync
+        # Step times reach the policy only when they are agreed: one rank, or a sync hook.
+        self.times_agreed = self.tp_size <= 1 or sync is not None
+        self.agreeing = self.tp_size > 1 and sync is not None
+        if self.agreeing:
+            inner = self.policy.inner
+            inner.defer_sync()
+            self._schedule = inner.sync_schedule()
+            self._n_values = len(inner.sync_values())
 
     # --- before a step ------------------------------------------------------------
     def decide(self, batch_size: int, can_plain: bool = True) -> bool:
@@ -273,7 +273,11 @@ class Controller:
         every rank has them; False: every rank runs plain steps eagerly."""
         ok = captured
         if self.tp_size > 1 and self.min_sync is not None:
-            ok = self.min_sync([1.0 if captured else 0.0])[0] >= 1.0
+            try:
+                ok = self.min_sync([1.0 if captured else 0.0])[0] >= 1.0
+            except Exception as exc:  # noqa: BLE001 - the server must start; eager is always safe to run
+                self.log.warning("dynspec: the TP min hook failed (%s); plain steps run eagerly", exc)
+                ok = False
             if captured and not ok and self.tp_rank == 0:
                 self.log.warning("dynspec: plain-step CUDA graphs are missing on a TP rank; "
                                  "every rank runs plain steps eagerly")
@@ -427,7 +431,11 @@ def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
     """Every rank, once: MIN over one value (0: no controller, 1: one without a sync hook,
     2: one with); all ranks keep dynspec (and the hook) or none does."""
     mine = 0.0 if ctl is None else (2.0 if ctl.sync is not None else 1.0)
-    agreed = min_sync([mine])[0]
+    try:
+        agreed = min_sync([mine])[0]
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
+        logger.warning("dynspec: the TP min hook failed (%s); dynspec is OFF on TP rank %d", exc, tp_rank)
+        return None
     if agreed < 1.0:
         if ctl is not None:
             _warn(logger, tp_rank, "dynspec: could not start on every TP rank; dynspec is OFF on every rank "
