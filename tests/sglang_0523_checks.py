@@ -149,10 +149,13 @@ def test_unset_is_upstream(server, monkeypatch):
     assert server(None, adaptive=False, env={"DYNSPEC_POLICY": "never"}).adaptive_controller is None
 
 
+DYN = {"1": {"candidate_steps": [0, STEPS]}}  # the config dynspec needs: buffers sized for [0, STEPS]
+
+
 def test_env_selects_dynspec(server):
     from dynspec.sglang_adaptive import DynspecAdaptivePolicy
 
-    w = server(None, env={"DYNSPEC_POLICY": "threshold:on=4,off=4,dwell=0"})
+    w = server(DYN, env={"DYNSPEC_POLICY": "threshold:on=4,off=4,dwell=0"})
     params = w.adaptive_controller.params
     assert isinstance(params, DynspecAdaptivePolicy)
     assert w.adaptive_controller.candidate_steps == [0, STEPS]
@@ -171,9 +174,12 @@ def test_config_key_selects_dynspec_and_wins_over_env(server):
 
 
 @pytest.mark.parametrize("cfg, env, warning", [
-    ({"1": {"candidate_steps": [3]}, "dynspec": "bogus-policy"}, {}, "is invalid"),
-    ({"1": {"candidate_steps": [3]}, "dynspec": {"policy": "never", "when": "always"}}, {}, '"dynspec" must be'),
-    (None, {"DYNSPEC_POLICY": "goodput", "DYNSPEC_PROFILE": "no-such-profile"}, "cannot start policy"),
+    ({**DYN, "dynspec": "bogus-policy"}, {}, "is invalid"),
+    ({**DYN, "dynspec": {"policy": "never", "when": "always"}}, {}, '"dynspec" must be'),
+    (DYN, {"DYNSPEC_POLICY": "goodput", "DYNSPEC_PROFILE": "no-such-profile"}, "cannot start policy"),
+    # DYNSPEC_POLICY alone: SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7].
+    (None, {"DYNSPEC_POLICY": "goodput"}, "needs --speculative-adaptive-config with candidate steps [0, 3]"),
+    ({"1": {"candidate_steps": [0, 1, 3]}, "dynspec": "goodput"}, {}, "candidate steps [0, 1, 3], dynspec needs"),
 ])
 def test_a_bad_request_warns_and_runs_sglangs_policy(server, caplog, cfg, env, warning):
     with caplog.at_level(logging.WARNING):
@@ -183,10 +189,21 @@ def test_a_bad_request_warns_and_runs_sglangs_policy(server, caplog, cfg, env, w
     assert len(msgs) == 1 and warning in msgs[0], msgs
 
 
+def test_an_unreadable_config_is_one_line_not_a_crash(server, monkeypatch, tmp_path, caplog):
+    """The patch reads the config itself (is there a "dynspec" key?): a bad file must not stop it."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    monkeypatch.setattr(ew, "get_spec", lambda: SimpleNamespace(speculative_adaptive_config=str(bad)))
+    with caplog.at_level(logging.WARNING):
+        assert ew._dynspec_adaptive_policy(SimpleNamespace(speculative_num_steps=STEPS)) is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "cannot read" in msgs[0] and "SGLang's adaptive policy runs" in msgs[0]
+
+
 # --- the controller, driven through dynspec's policy ---------------------------------------
 
 def test_worker_switches_states_through_the_controller(server):
-    w = server(None, env={"DYNSPEC_POLICY": "threshold:on=4,off=4,dwell=0"})
+    w = server(DYN, env={"DYNSPEC_POLICY": "threshold:on=4,off=4,dwell=0"})
     w.init_cuda_graphs()  # the real method: registers the startup state, builds the others
     # Only the 0-step state is built (the 3-step one exists), with every graph batch size:
     # a dynspec policy may pick either state at any size.
@@ -247,10 +264,11 @@ def test_tp_sync_all_reduces_on_the_cpu_group(server):
     try:
         # Declare a TP world of 2 over a real one-rank group: the mean then halves the sum.
         server.tp.world_size, server.tp.cpu_group = 2, dist.new_group([0], backend="gloo")
-        w = server(None, env={"DYNSPEC_POLICY": "goodput"})
+        w = server(DYN, env={"DYNSPEC_POLICY": "goodput"})  # joined the start MIN (a real one) to get here
         ctl = w.adaptive_controller.params.controller
-        assert ctl.tp_size == 2 and ctl.times_agreed
+        assert ctl.tp_size == 2 and ctl.times_agreed and ctl.agreeing
         assert ctl.sync([1.0, 3.0]) == [0.5, 1.5]  # one rank's sum over a declared world of 2
+        assert ctl.min_sync([2.0, -1.0]) == [2.0, -1.0]  # a MIN over the one real rank
     finally:
         dist.destroy_process_group()
 
@@ -267,7 +285,7 @@ def test_server_info_reports_dynspec_only_while_it_runs(server):
         return state
 
     assert "dynspec" not in info(server(None))
-    w = server(None, env={"DYNSPEC_POLICY": "never"})
+    w = server(DYN, env={"DYNSPEC_POLICY": "never"})
     w.init_cuda_graphs()
     w.activate_step_by_batch(4)
     got = info(w)["dynspec"]

@@ -27,6 +27,7 @@ from dynspec.sglang_adaptive import (AdaptiveSelectionError, DynspecAdaptivePoli
                                      selection)
 from dynspec.sglang_hook import Controller
 from dynspec.realsglang.wheels import unpack
+from tp_ranks import FakeAllReduce, run_ranks
 
 VERSION = "0.5.23"
 REPO = Path(__file__).resolve().parent.parent
@@ -202,16 +203,49 @@ def test_bad_config_entries_are_named(tmp_path, entry, needle):
 
 def test_build_returns_none_with_one_warning_on_a_bad_request(tmp_path, caplog):
     log = logging.getLogger("t0523")
-    assert build_adaptive_policy(3, None, env={}, logger=log) is None
+    cfg = write(tmp_path, {"1": {"candidate_steps": [0, 3]}})
+    assert build_adaptive_policy(3, cfg, env={}, logger=log) is None
     with caplog.at_level(logging.WARNING, logger="t0523"):
-        assert build_adaptive_policy(3, None, env={"DYNSPEC_POLICY": "nope"}, logger=log) is None
-        assert build_adaptive_policy(0, None, env={"DYNSPEC_POLICY": "never"}, logger=log) is None
+        assert build_adaptive_policy(3, cfg, env={"DYNSPEC_POLICY": "nope"}, logger=log) is None
+        assert build_adaptive_policy(0, cfg, env={"DYNSPEC_POLICY": "never"}, logger=log) is None
         assert build_adaptive_policy(3, str(tmp_path / "missing.json"), env={}, logger=log) is None
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 3
     assert "is invalid" in msgs[0] and "speculative_num_steps is 0" in msgs[1] and "cannot read" in msgs[2]
-    built = build_adaptive_policy(3, None, env={"DYNSPEC_POLICY": "threshold:8"}, logger=log)
+    built = build_adaptive_policy(3, cfg, env={"DYNSPEC_POLICY": "threshold:8"}, logger=log)
     assert isinstance(built, DynspecAdaptivePolicy) and built.get_steps_for_batch(9) == 0
+
+
+@pytest.mark.parametrize("steps, needle", [
+    (None, "needs --speculative-adaptive-config with candidate steps [0, 3]"),  # SGLang's default: [0, 1, 3, 5, 7]
+    ([0, 1, 3, 5, 7], "candidate steps [0, 1, 3, 5, 7], dynspec needs exactly [0, 3]"),
+    ([3], "candidate steps [3], dynspec needs exactly [0, 3]"),
+    ([0, 5], "candidate steps [0, 5], dynspec needs exactly [0, 3]"),
+])
+def test_dynspec_needs_a_config_whose_steps_are_0_and_n(tmp_path, caplog, steps, needle):
+    """SGLang sizes its buffers for the config's largest step before any policy exists; dynspec
+    uses 0 and speculative_num_steps only, so anything else is memory it never uses."""
+    cfg = None if steps is None else write(tmp_path, {"1": {"candidate_steps": steps}})
+    with caplog.at_level(logging.WARNING, logger="t0523"):
+        got = build_adaptive_policy(3, cfg, env={"DYNSPEC_POLICY": "never"}, logger=logging.getLogger("t0523"))
+    assert got is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and needle in msgs[0] and "SGLang's adaptive policy runs" in msgs[0]
+
+
+def test_tp_ranks_start_dynspec_all_or_none(tmp_path):
+    """A rank that cannot start (here its speculative_num_steps disagrees with the config) turns
+    dynspec off on every rank, or that rank would run SGLang's tiers while the others run dynspec."""
+    reduce = FakeAllReduce(2, op="min")
+    cfg = write(tmp_path, {"1": {"candidate_steps": [0, 3]}})
+    got = run_ranks(lambda r: build_adaptive_policy(3 if r == 0 else 5, cfg, tp_rank=r, tp_size=2,
+                                                    sync_factory=lambda: (lambda v: v), min_sync=reduce.hook(r),
+                                                    env={"DYNSPEC_POLICY": "never"}), 2)
+    assert got == [None, None] and reduce.calls == 1
+    reduce = FakeAllReduce(2, op="min")
+    got = run_ranks(lambda r: build_adaptive_policy(3, cfg, tp_rank=r, tp_size=2, sync_factory=lambda: (lambda v: v),
+                                                    min_sync=reduce.hook(r), env={"DYNSPEC_POLICY": "never"}), 2)
+    assert all(isinstance(a, DynspecAdaptivePolicy) and a.controller.agreeing for a in got)
 
 
 # --- the patch on the real wheel -------------------------------------------------------------
@@ -312,7 +346,9 @@ def test_patched_sglang_0523_on_cpu(tmp_path):
     root = unpack(VERSION, tmp_path / "site")
     out = patching.do_apply(patching.find_sglang(root))
     assert out.code == 0, out.message
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(deps), str(root)]), "DYNSPEC_SGLANG_ROOT": str(root)}
+    here = Path(patching.__file__).resolve().parent.parent  # the dynspec under test, not another install
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(deps), str(root), str(here)]),
+           "DYNSPEC_SGLANG_ROOT": str(root)}
     env.pop("DYNSPEC_POLICY", None)
     env.pop("DYNSPEC_PROFILE", None)
     res = subprocess.run(

@@ -23,6 +23,7 @@ from dynspec.policy import (
     bucket_of,
     build_policy,
 )
+from tp_ranks import FakeAllReduce, run_ranks
 
 
 # --- a scripted machine ------------------------------------------------------------
@@ -168,26 +169,6 @@ def test_goodput_profile_prior_decides_before_any_measurement():
     assert Goodput(winning).decide(8) is True
 
 
-class FakeAllReduce:
-    """Averages a list of floats across `n` threads, like an all-reduce on the CPU group."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.barrier = threading.Barrier(n)
-        self.values: dict[int, list[float]] = {}
-        self.calls = 0
-
-    def hook(self, rank: int):
-        def sync(values: list[float]) -> list[float]:
-            self.values[rank] = list(values)
-            self.barrier.wait()
-            mean = [sum(v[i] for v in self.values.values()) / self.n for i in range(len(values))]
-            self.calls += rank == 0
-            self.barrier.wait()
-            return mean
-        return sync
-
-
 def _rank_stream(policy: Policy, time_scale: float, seed_noise: int, out: list[bool], steps: int):
     """One TP rank: batch sizes and acceptance identical on every rank, local times differ."""
     machine = Machine(**WINNING_TO_B)
@@ -228,6 +209,29 @@ def test_goodput_without_agreement_would_diverge():
     for r in range(2):
         _rank_stream(Goodput(), 1.0 + 0.6 * r, r, results[r], 6000)
     assert results[0] != results[1]
+
+
+def test_goodput_agrees_on_counts_when_a_rank_dropped_a_step_time():
+    """Each rank filters its own step times (a pause, a zero interval): the agreed mean is the
+    agreed sums over the agreed counts, or the ranks' estimates (and then decisions) part."""
+    reduce = FakeAllReduce(2)
+    policies = [Goodput(sync=reduce.hook(r), sync_every=4) for r in range(2)]
+
+    def rank(r: int) -> list[bool]:
+        p, out = policies[r], []
+        for i in range(4):  # exploration: spec, spec, plain, plain; then one agreement
+            d = p.decide(8)
+            t = None if (r, i) == (1, 2) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
+            p.observe(StepRecord(8, d, (1,) * 8 if d else (), t))
+            out.append(d)
+        return out
+
+    assert run_ranks(rank, 2) == [[True, True, False, False]] * 2
+    b = bucket_of(8)
+    assert policies[0].t_est == policies[1].t_est
+    assert policies[0].t_est[0][b] == pytest.approx((0.010 * 2 + 0.012) / 3)
+    assert policies[0].t_est[1][b] == pytest.approx(0.011)
+    assert reduce.calls == 1
 
 
 def test_goodput_sync_hook_must_return_every_value():

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import random
 import subprocess
 import sys
 
 import pytest
 
-from dynspec.policy import FailSafePolicy, Policy
+from dynspec.policy import FailSafePolicy, Goodput, Policy, build_policy
 from scripted_policy import Scripted
+from tp_ranks import FakeAllReduce, run_ranks
 from dynspec.sglang_hook import Controller, load_controller, plain_cuda_graph_enabled
 
 
@@ -179,3 +181,156 @@ def test_prometheus_series():
     assert v("dynspec_steps_plain_total") == 2
     assert v("dynspec_switches_total") == 2
     assert v("dynspec_mode") == 1
+
+
+# --- tensor parallelism: ranks in threads, an all-reduce stand-in -------------------------------
+
+def _tp_stream(steps: int, seed: int = 5):
+    """Rank-identical inputs: batch sizes and accepted counts (the ranks schedule and sample alike)."""
+    rng = random.Random(seed)
+    bs, out = 4, []
+    for _ in range(steps):
+        bs = min(max(bs + rng.choice((-2, -1, 0, 1, 2)), 1), 48)
+        out.append((bs, [rng.choice((0, 0, 1, 2)) for _ in range(bs)]))
+    return out
+
+
+def _drive(ctl: Controller, clock: Clock, stream, step_time) -> list[bool]:
+    """One rank's loop: decide, run (the local clock advances), observe."""
+    out = []
+    for i, (bs, acc) in enumerate(stream):
+        spec = ctl.decide(bs)
+        clock.t += step_time(i, bs, spec)
+        ctl.observe(bs, spec, acc if spec else ())
+        out.append(spec)
+    return out
+
+
+def test_tp_ranks_agree_on_step_time_counts():
+    """Each rank drops the intervals it cannot trust on its own (0 < dt <= MAX_STEP_TIME_S):
+    the agreement must carry the counts, not only the sums, or the ranks' estimates part."""
+    reduce = FakeAllReduce(2)
+    clocks = [Clock(), Clock()]
+    ctls = [Controller(Goodput(sync=reduce.hook(r), sync_every=16), spec="goodput", tp_rank=r, tp_size=2,
+                       sync=reduce.hook(r), clock=clocks[r]) for r in range(2)]
+    stream = _tp_stream(3000)
+
+    def step_time(r):
+        def t(i, bs, spec):
+            if r == 1 and i % 7 == 3:
+                return 0.0  # a coarse clock: this rank's interval is 0 and is dropped
+            return (0.004 + 0.0002 * bs) * (3.0 if spec else 1.0) * (1.0 + 0.3 * r)
+        return t
+
+    got = run_ranks(lambda r: _drive(ctls[r], clocks[r], stream, step_time(r)), 2)
+    assert got[0] == got[1]
+    assert 0 < sum(got[0]) < len(stream)  # both modes ran
+    inner = [c.policy.inner for c in ctls]
+    assert inner[0].t_est == inner[1].t_est
+    assert ctls[0].fallback is None and ctls[1].fallback is None and not reduce.broken
+
+
+def test_tp_state_mismatch_falls_back_on_every_rank(caplog):
+    """A rank whose decision state went its own way (here one accepted count differed) is
+    caught by the checksum at the next agreement: every rank speculates from then on."""
+    reduce = FakeAllReduce(2)
+    ctls = [Controller(build_policy("sglang-default-tiers"), spec="tiers", tp_rank=r, tp_size=2,
+                       sync=reduce.hook(r), logger=logging.getLogger("t.tp")) for r in range(2)]
+    stream = [(4, [1, 1, 1, 1])] * 50 + [(80, [0] * 80)] * 100
+
+    def rank(r):
+        out = []
+        for i, (bs, acc) in enumerate(stream):
+            spec = ctls[r].decide(bs)
+            if r == 1 and i == 10:
+                acc = [3, 3, 3, 3]  # rank 1's sampling disagreed once
+            ctls[r].observe(bs, spec, acc if spec else ())
+            out.append(spec)
+        return out
+
+    with caplog.at_level(logging.WARNING, logger="t.tp"):
+        got = run_ranks(rank, 2)
+    assert got[0] == got[1] and all(got[0][64:])  # the first agreement is at step 64
+    assert ctls[0].fallback == ctls[1].fallback and "differ" in ctls[0].fallback
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "every TP rank speculates" in warnings[0]
+
+
+def test_tp_identical_states_never_fall_back():
+    reduce = FakeAllReduce(2)
+    ctls = [Controller(build_policy("sglang-default-tiers"), spec="tiers", tp_rank=r, tp_size=2,
+                       sync=reduce.hook(r)) for r in range(2)]
+    stream = [(4, [1, 1, 1, 1])] * 50 + [(80, [0] * 80)] * 100
+    got = run_ranks(lambda r: [ctls[r].decide(bs) or ctls[r].observe(bs, True, acc) or True
+                               for bs, acc in stream], 2)
+    assert got[0] == got[1] and reduce.calls == len(stream) // 64
+    assert ctls[0].fallback is None and ctls[0].steps_plain > 0
+
+
+def test_tp_policy_failure_on_one_rank_falls_back_on_every_rank(caplog):
+    """A failure on one rank (here rank 1's policy raises at step 100) must not leave the ranks
+    split, nor make the others wait for it in the next agreement."""
+
+    class FailsAt(Goodput):
+        def __init__(self, at, **kw):
+            super().__init__(**kw)
+            self.at = at
+
+        def decide(self, batch_size):
+            if self._step + 1 == self.at:
+                raise MemoryError("rank-local")
+            return super().decide(batch_size)
+
+    reduce = FakeAllReduce(2, timeout=5.0)
+    clocks = [Clock(), Clock()]
+    ctls = [Controller(FailsAt(100 if r == 1 else -1, sync=reduce.hook(r)), spec="goodput", tp_rank=r,
+                       tp_size=2, sync=reduce.hook(r), clock=clocks[r], logger=logging.getLogger("t.tp"))
+            for r in range(2)]
+    stream = _tp_stream(400)
+    with caplog.at_level(logging.WARNING, logger="t.tp"):
+        got = run_ranks(lambda r: _drive(ctls[r], clocks[r], stream,
+                                         lambda i, bs, spec: 0.005 * (4.0 if spec else 1.0)), 2)
+    assert not reduce.broken  # the failed rank still joined every agreement
+    assert got[0][128:] == got[1][128:] and all(got[0][128:])  # the agreement after the failure: step 128
+    assert got[0][:99] == got[1][:99] and not all(got[0][:99])
+    assert ctls[0].fallback == ctls[1].fallback == "fallback: the policy failed on a TP rank"
+    rank0 = [r.getMessage() for r in caplog.records if "every TP rank" in r.getMessage()]
+    assert len(rank0) == 1
+
+
+def test_tp_start_is_all_or_nothing(caplog):
+    """A rank that cannot start dynspec (here its profile path is missing) turns it off everywhere."""
+    reduce = FakeAllReduce(2, op="min")
+    envs = [{"DYNSPEC_POLICY": "goodput"}, {"DYNSPEC_POLICY": "goodput", "DYNSPEC_PROFILE": "/no/such.yaml"}]
+    with caplog.at_level(logging.WARNING, logger="t.tp"):
+        got = run_ranks(lambda r: load_controller(env=envs[r], tp_rank=r, tp_size=2, sync=lambda v: v,
+                                                  min_sync=reduce.hook(r), logger=logging.getLogger("t.tp")), 2)
+    assert got == [None, None]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "could not start on every TP rank" in msgs[0]
+
+
+def test_tp_sync_hook_missing_on_one_rank_means_none_uses_it():
+    reduce = FakeAllReduce(2, op="min")
+
+    def factory(r):
+        def build():
+            if r == 1:
+                raise RuntimeError("no gloo group here")
+            return lambda v: v
+        return build
+
+    got = run_ranks(lambda r: load_controller(env={"DYNSPEC_POLICY": "goodput"}, tp_rank=r, tp_size=2,
+                                              sync_factory=factory(r), min_sync=reduce.hook(r)), 2)
+    assert all(c is not None and c.sync is None and not c.times_agreed and not c.agreeing for c in got)
+
+
+def test_tp_plain_graphs_are_used_only_when_every_rank_captured():
+    reduce = FakeAllReduce(2, op="min")
+    ctls = [Controller(Scripted([]), spec="s", tp_rank=r, tp_size=2, min_sync=reduce.hook(r)) for r in range(2)]
+    assert run_ranks(lambda r: ctls[r].agree_plain_graphs(captured=r == 0), 2) == [False, False]
+    assert [c.plain_step_kind for c in ctls] == ["eager", "eager"]
+    assert run_ranks(lambda r: ctls[r].agree_plain_graphs(captured=True), 2) == [True, True]
+    assert [c.stats()["plain_step"] for c in ctls] == ["cuda_graph", "cuda_graph"]
+    one = Controller(Scripted([]), spec="s")
+    assert one.agree_plain_graphs(True) and not one.agree_plain_graphs(False)

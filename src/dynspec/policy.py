@@ -8,7 +8,11 @@ Tensor-parallel safety: every rank must take the same decision at every step, or
 the collectives hang.  So a decision may depend only on what every rank sees
 identically (batch size, accepted-token counts, a profile read at start, the step
 counter) or on values the ranks agreed on through the `sync` hook the caller
-supplies.  Local wall-clock step times never reach a decision directly.
+supplies.  Local wall-clock step times never reach a decision directly.  A policy
+says what the ranks agree on (`sync_values`/`sync_apply`), when (`sync_schedule`,
+a function of the step stream only) and what its decisions depend on (`state_key`,
+checksummed across ranks); `Goodput(sync=hook)` runs the agreements itself, and
+dynspec.sglang_hook.Controller runs them for any policy in a TP server (`defer_sync`).
 
 Policies are built from one spec string, the same in the CLI, configs and the
 server's environment (DYNSPEC_POLICY):
@@ -26,12 +30,16 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import zlib
 from typing import Callable, NamedTuple, Sequence
 
 log = logging.getLogger("dynspec.policy")
 
 # Averages a flat list of floats across ranks (an all-reduce mean) and returns it.
 SyncHook = Callable[[list[float]], list[float]]
+
+# Steps between rank agreements for a policy that names no period of its own.
+SYNC_EVERY = 64
 
 
 class PolicySpecError(ValueError):
@@ -66,6 +74,29 @@ class Policy:
         """The spec string that rebuilds this policy."""
         return self.name
 
+    # Tensor parallelism: what the ranks agree on (see sglang_hook.Controller) ---------
+    def sync_schedule(self) -> "SyncSchedule":
+        return SyncSchedule(SYNC_EVERY)
+
+    def sync_values(self) -> list[float]:
+        """Local values to all-reduce at an agreement (a fixed length per policy)."""
+        return []
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Take the rank-mean of sync_values()."""
+
+    def defer_sync(self) -> None:
+        """The caller runs the agreements (sync_values, sync_apply on sync_schedule())."""
+
+    def state_key(self) -> tuple:
+        """Everything decisions depend on, for the ranks' checksum: equal on every rank."""
+        return ()
+
+
+def state_checksum(key: tuple) -> int:
+    """A process-independent 32-bit checksum of a state key (hash() of str is salted per process)."""
+    return zlib.crc32(repr(key).encode())
+
 
 class Always(Policy):
     name = "always"
@@ -91,6 +122,9 @@ class _Dwell:
         self.mode = mode
         self.step = 0
         self.switched_at = -(1 << 62)  # the first switch may come at any step
+
+    def key(self) -> tuple:
+        return (self.mode, self.step, self.switched_at)
 
     def want(self, mode: bool) -> bool:
         self.step += 1
@@ -126,6 +160,9 @@ class Threshold(Policy):
 
     def spec(self) -> str:
         return f"threshold:on={self.on},off={self.off},dwell={self._dwell.dwell}"
+
+    def state_key(self) -> tuple:
+        return self._dwell.key()
 
 
 class Cycle(Policy):
@@ -177,6 +214,9 @@ class Table(Policy):
     def spec(self) -> str:
         parts = [f"{lo}-{'' if hi is None else hi}={'on' if on else 'off'}" for lo, hi, on in self.ranges]
         return "table:" + ",".join(parts) + f",dwell={self._dwell.dwell}"
+
+    def state_key(self) -> tuple:
+        return self._dwell.key()
 
 
 # --- SGLang 0.5.23's adaptive tiers, as a policy ------------------------------------
@@ -269,6 +309,9 @@ class SglangTiers(Policy):
     def spec(self) -> str:
         return f"sglang-default-tiers:steps={self.initial_steps}"
 
+    def state_key(self) -> tuple:
+        return tuple((t.steps, t.count, t.ema) for t in self._tiers)
+
 
 # --- goodput: dynspec's own ---------------------------------------------------------
 
@@ -294,6 +337,30 @@ def bucket_mid(b: int) -> float:
     lo = BUCKET_EDGES[b]
     hi = BUCKET_EDGES[b + 1] - 1 if b + 1 < len(BUCKET_EDGES) else lo
     return math.sqrt(lo * hi)
+
+
+class SyncSchedule:
+    """When the TP ranks agree: every `every` decisions, and once as soon as a batch-size
+    bucket has had both modes tried `explore` times (so that a bucket just explored is not
+    decided blind until the next periodic agreement).
+
+    A function of the step stream only (step counter, batch sizes, modes), never of a
+    policy's state: a rank whose policy has failed still joins every agreement."""
+
+    __slots__ = ("every", "explore", "_seen")
+
+    def __init__(self, every: int, explore: int = 0):
+        self.every, self.explore = every, explore
+        self._seen = [[0] * len(BUCKET_EDGES), [0] * len(BUCKET_EDGES)] if explore else None
+
+    def due(self, step: int, batch_size: int, speculated: bool) -> bool:
+        seen = self._seen
+        if seen is not None:
+            b, m = bucket_of(batch_size), 1 if speculated else 0
+            seen[m][b] += 1
+            if seen[m][b] == self.explore and seen[1 - m][b] >= self.explore:
+                return True
+        return step % self.every == 0
 
 
 class Goodput(Policy):
@@ -376,6 +443,9 @@ class Goodput(Policy):
         self._dwell = _Dwell(dwell, True)
         self._step = 0
         self._probing = False
+        self._self_sync = sync is not None  # False once a caller runs the agreements (defer_sync)
+        self._buffer_times = sync is not None  # times wait for an agreement instead of counting at once
+        self._schedule = self.sync_schedule()
         for b in range(n):
             self._refresh(b)
 
@@ -452,7 +522,7 @@ class Goodput(Policy):
             self.acc_global = a if g is None else g + self.alpha * (a - g)
             changed = True
         if t is not None and self.use_times:
-            if self.sync is None:  # one process: its own times are the agreed ones
+            if not self._buffer_times:  # one process: its own times are the agreed ones
                 prev = self.t_est[m][b]
                 self.t_est[m][b] = t if prev is None else prev + self.alpha * (t - prev)
                 changed = True
@@ -461,34 +531,44 @@ class Goodput(Policy):
                 self._t_cnt[m][b] += 1
         if changed:
             self._refresh(b)
-        if self.sync is not None and (self._step % self.sync_every == 0 or self._explored_unagreed(b)):
-            self._agree()
+        if self._self_sync and self._schedule.due(self._step, bs, speculated):
+            self.sync_apply(self.sync(self.sync_values()))
 
-    def _explored_unagreed(self, b: int) -> bool:
-        """Bucket b has just had its exploration and still no agreed times: agree now rather
-        than decide blind until the next periodic sync.  Rank-consistent: n_seen counts
-        decisions, which every rank took alike."""
-        seen, t, k = self.n_seen, self.t_est, self.min_samples
-        return (seen[0][b] >= k and seen[1][b] >= k and (t[0][b] is None or t[1][b] is None)
-                and (seen[0][b] == k or seen[1][b] == k))
+    # Agreement across TP ranks --------------------------------------------------------
+    def sync_schedule(self) -> SyncSchedule:
+        return SyncSchedule(self.sync_every, self.min_samples if self._explore else 0)
 
-    def _agree(self) -> None:
-        """Fold measured step times into the estimates, after the ranks agree on them."""
-        cnt, n = self._t_cnt, len(BUCKET_EDGES)
-        flat = self.sync(self._t_sum[0] + self._t_sum[1])  # rank-mean of the sums
-        if len(flat) != 2 * n:
-            raise RuntimeError(f"sync hook returned {len(flat)} values, expected {2 * n}")
-        sums = [flat[:n], flat[n:]]
+    def defer_sync(self) -> None:
+        self._self_sync, self._buffer_times = False, True
+
+    def sync_values(self) -> list[float]:
+        """Step-time sums and counts measured since the last agreement, [mode][bucket]."""
+        cnt = self._t_cnt
+        return self._t_sum[0] + self._t_sum[1] + [float(c) for c in cnt[0] + cnt[1]]
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Fold the agreed step times into the estimates.  Counts are agreed like the sums
+        (each rank drops intervals it cannot trust on its own), and the agreed sums are
+        divided by the agreed counts: every rank folds the same means with the same weights."""
+        n = len(BUCKET_EDGES)
+        if len(agreed) != 4 * n:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {4 * n}")
         for m in (0, 1):
-            for b, c in enumerate(cnt[m]):
-                if c:
-                    mean = sums[m][b] / c
+            for b in range(n):
+                c = agreed[(2 + m) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
+                if c > 0:
+                    mean = agreed[m * n + b] / c
                     prev = self.t_est[m][b]
                     w = 1.0 - (1.0 - self.alpha) ** c
                     self.t_est[m][b] = mean if prev is None else prev + w * (mean - prev)
-                    cnt[m][b] = 0
-                    self._t_sum[m][b] = 0.0
                     self._refresh(b)
+                self._t_cnt[m][b] = 0
+                self._t_sum[m][b] = 0.0
+
+    def state_key(self) -> tuple:
+        # The discrete state decisions follow (estimates enter through _choice and _interval).
+        return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
+                self._last_seen, self._choice, self._interval)
 
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)
@@ -511,7 +591,8 @@ class FailSafePolicy(Policy):
         self.failed = False
         self._log = logger or log
 
-    def _fail(self, where: str, exc: BaseException) -> None:
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Give up on the inner policy (also called by a caller whose use of it raised)."""
         self.failed = True
         self._log.warning(
             "dynspec policy %s failed in %s (%s: %s); speculating as configured for the rest of the run",
@@ -524,7 +605,7 @@ class FailSafePolicy(Policy):
         try:
             return bool(self.inner.decide(batch_size))
         except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
-            self._fail("decide", exc)
+            self.fail("decide", exc)
             return True
 
     def observe(self, rec: StepRecord) -> None:
@@ -533,7 +614,7 @@ class FailSafePolicy(Policy):
         try:
             self.inner.observe(rec)
         except Exception as exc:  # noqa: BLE001
-            self._fail("observe", exc)
+            self.fail("observe", exc)
 
     def reason(self, batch_size: int) -> str:
         if self.failed:

@@ -11,7 +11,9 @@ asked, by DYNSPEC_POLICY or by a "dynspec" key in the adaptive config JSON:
 
 The integer keys still size SGLang's buffers and validate --speculative-num-steps
 (upstream reads them before any policy exists); dynspec uses two of the states:
-the configured step count when its policy says speculate, 0 when it says plain.
+the configured step count when its policy says speculate, 0 when it says plain.  So
+dynspec runs only with a config whose candidate steps are exactly [0, N]
+(`steps_problem`): SGLang's default ([0, 1, 3, 5, 7]) would size buffers for 7 steps.
 
 How the protocol's calls map onto dynspec (all on the scheduler thread):
   get_steps_for_batch(bs)   once per decode forward, before drafting -> Policy.decide
@@ -49,6 +51,46 @@ class AdaptiveSelectionError(ValueError):
     """A "dynspec" entry in the adaptive config that cannot be used; one line naming it."""
 
 
+def read_config(cfg_path: str):
+    """The adaptive config JSON, or AdaptiveSelectionError naming why it cannot be read."""
+    try:
+        with open(cfg_path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise AdaptiveSelectionError(f"{cfg_path}: cannot read the adaptive config ({exc})") from None
+
+
+def config_steps(cfg) -> list[int]:
+    """The union of the config's candidate steps, as SGLang reads it (integer keys only):
+    what SGLang sizes its buffers for."""
+    steps: set[int] = set()
+    for key, entry in (cfg.items() if isinstance(cfg, dict) else ()):
+        if key.isdigit() and isinstance(entry, dict) and isinstance(entry.get("candidate_steps"), list):
+            steps.update(s for s in entry["candidate_steps"] if isinstance(s, int))
+    return sorted(steps)
+
+
+def steps_problem(cfg_path: str | None, spec_steps: int) -> str | None:
+    """Why this config cannot carry dynspec, or None.  SGLang sizes its buffers for the
+    largest candidate step of the config (of DEFAULT_ADAPTIVE_CONFIG without one: steps
+    [0, 1, 3, 5, 7], 8 draft tokens and 16 KV slots per request) before any policy
+    exists, while dynspec uses only 0 and speculative_num_steps: so the config's steps
+    must be exactly those two."""
+    want = [0, spec_steps]
+    example = json.dumps({"1": {"candidate_steps": want}})
+    if cfg_path is None:
+        return (f"dynspec needs --speculative-adaptive-config with candidate steps {want}, e.g. {example} "
+                f"(without one SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7])")
+    try:
+        got = config_steps(read_config(cfg_path))
+    except AdaptiveSelectionError as exc:
+        return str(exc)
+    if got != want:
+        return (f"{cfg_path}: candidate steps {got}, dynspec needs exactly {want} (SGLang sizes its buffers "
+                f"for the largest), e.g. {example}")
+    return None
+
+
 def selection(cfg_path: str | None, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """The policy (and profile) asked for, as DYNSPEC_* settings; None when nothing asks.
 
@@ -58,11 +100,7 @@ def selection(cfg_path: str | None, env: Mapping[str, str] | None = None) -> dic
     env = os.environ if env is None else env
     entry = None
     if cfg_path is not None:
-        try:
-            with open(cfg_path) as f:
-                cfg = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise AdaptiveSelectionError(f"{cfg_path}: cannot read the adaptive config ({exc})") from None
+        cfg = read_config(cfg_path)
         entry = cfg.get(CONFIG_KEY) if isinstance(cfg, dict) else None
     if entry is not None:
         if isinstance(entry, str):
@@ -176,6 +214,7 @@ def build_adaptive_policy(
     tp_rank: int = 0,
     tp_size: int = 1,
     sync_factory: Callable[[], Callable[[list], list] | None] | None = None,
+    min_sync: Callable[[list], list] | None = None,
     env: Mapping[str, str] | None = None,
     logger: logging.Logger | None = None,
 ) -> DynspecAdaptivePolicy | None:
@@ -183,8 +222,11 @@ def build_adaptive_policy(
 
     Like dynspec.sglang_hook.load_controller it never raises: a bad request logs one
     warning on rank 0 and returns None, and the server runs SGLang's adaptive tiers.
+    With `min_sync` (an all-reduce MIN over the TP ranks) and tp_size > 1, every rank
+    that was asked joins one MIN (sglang_hook.agree_start), so either every rank runs
+    dynspec or none.
     """
-    from dynspec.sglang_hook import load_controller
+    from dynspec.sglang_hook import agree_start, load_controller
 
     logger = logger or _log
     env = os.environ if env is None else env
@@ -197,12 +239,15 @@ def build_adaptive_policy(
     if asked is None:
         return None
     if spec_steps < 1:
-        if tp_rank == 0:
-            logger.warning("dynspec: speculative_num_steps is %s, so there is no speculative state to switch "
-                           "to; dynspec is OFF and SGLang's adaptive policy runs", spec_steps)
-        return None
-    ctl = load_controller(tp_rank=tp_rank, tp_size=tp_size, sync_factory=sync_factory,
-                          initial_steps=spec_steps, env={**env, **asked}, logger=logger)
-    if ctl is None:
-        return None  # load_controller said why
-    return DynspecAdaptivePolicy(ctl, spec_steps)
+        why = (f"speculative_num_steps is {spec_steps}, so there is no speculative state to switch to")
+    else:
+        why = steps_problem(cfg_path, spec_steps)
+    if why is None:
+        ctl = load_controller(tp_rank=tp_rank, tp_size=tp_size, sync_factory=sync_factory, min_sync=min_sync,
+                              initial_steps=spec_steps, env={**env, **asked}, logger=logger)
+        return None if ctl is None else DynspecAdaptivePolicy(ctl, spec_steps)
+    if tp_rank == 0:
+        logger.warning("dynspec: %s; dynspec is OFF and SGLang's adaptive policy runs", why)
+    if tp_size > 1 and min_sync is not None:
+        agree_start(None, min_sync, tp_rank, logger)  # the other ranks' start agreement: off on every rank
+    return None
