@@ -150,17 +150,51 @@ class FakeDraftAttn:
         self.trace.append(("draft_attn_init", forward_batch.forward_mode))
 
 
+class FakeKVPool:
+    """The draft's KV cache: records what the KV-only catch-up writes."""
+
+    def __init__(self, trace):
+        self.trace = trace
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v):
+        self.trace.append(("draft_kv", dict(layer=layer, loc=loc.clone(), k=cache_k.clone(), v=cache_v.clone())))
+
+
+QKV = torch.randn(3 * H_DRAFT, 2 * H_DRAFT, generator=torch.Generator().manual_seed(1))  # rows: q | k | v
+
+
+def fake_eagle3():
+    """The pieces of LlamaForCausalLMEagle3 the KV-only catch-up calls (model.model.*)."""
+    attn = SimpleNamespace(
+        q_size=H_DRAFT, kv_size=H_DRAFT, num_kv_heads=1, head_dim=H_DRAFT, attn="draft-layer-0",
+        qkv_proj=SimpleNamespace(weight=QKV, bias=None),
+        rotary_emb=lambda positions, q, k: (q, k + positions[:, None].float()))
+    inner = SimpleNamespace(
+        embed_tokens=lambda ids: ids[:, None].float() + torch.zeros(H_DRAFT),
+        fc=lambda h: 2 * h[:, :H_DRAFT],  # 3 x target hidden -> draft hidden
+        midlayer=SimpleNamespace(input_layernorm=lambda x: x + 1, hidden_norm=lambda x: x - 1, self_attn=attn))
+    return SimpleNamespace(model=inner)
+
+
+def expected_kv(new_ids, target_hidden, positions):
+    """What the catch-up must write: K/V rows of qkv over [norm(embed) | norm(fc(aux))], RoPE on K."""
+    x = torch.cat([new_ids[:, None].float() + 1, 2 * target_hidden[:, :H_DRAFT] - 1], dim=-1)
+    kv = x @ QKV[H_DRAFT:].T
+    return kv[:, :H_DRAFT] + positions[:, None].float(), kv[:, H_DRAFT:]
+
+
 class FakeDraftRunner:
     """The EAGLE-3 draft model: predicts token+1; hidden = target hidden[:H] + position."""
 
     device = "cpu"
     model_is_mrope = False
     tp_group = None
-    token_to_kv_pool = None
 
     def __init__(self, sg, trace, pool, args):
         self.sg, self.trace, self.req_to_token_pool, self.server_args = sg, trace, pool, args
         self.attn_backend = FakeDraftAttn(trace)
+        self.model = fake_eagle3()
+        self.token_to_kv_pool = FakeKVPool(trace)
 
     def forward(self, forward_batch, skip_attn_backend_init=False):
         fb = forward_batch
@@ -228,6 +262,8 @@ def make_worker(sg, cls_module, args, policy=None, graphs=None):
     if cls_module is sg.ew:
         w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
         w._dynspec_graphs = graphs
+        w._dynspec_stale = torch.zeros(pool.req_to_token.shape[0], dtype=torch.bool)
+        w._dynspec_resume_pending = False
     return w, trace
 
 
@@ -278,13 +314,6 @@ def drive(sg, worker, steps, **batch_over):
     return out
 
 
-def step_calls(trace, i):
-    """The trace entries of decode step i (steps start at 'draft' or 'target')."""
-    starts = [k for k, c in enumerate(trace) if c[0] in ("draft", "target")]
-    end = starts[i + 1] if i + 1 < len(starts) else len(trace)
-    return trace[starts[i]:end]
-
-
 def same(a, b):
     return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
 
@@ -296,13 +325,14 @@ def test_plain_step_runs_no_draft_and_one_token_per_request(sg, env):
     policy = Scripted([False])
     w, trace = make_worker(sg, sg.ew, env, policy)
     ((inp, res),) = drive(sg, w, 1)
-    assert trace.kinds() == ["target", "draft_attn_init", "draft_forward"]  # no draft(), no verify
+    assert trace.kinds() == ["target", "draft_kv"]  # no draft(), no verify, no draft forward
     t = trace[0][1]
     seq = torch.tensor(SEQ0)
     rt = w.req_to_token_pool.req_to_token
+    slot = rt[torch.tensor(REQ_POOL), seq].long()
     assert t["mode"] == sg.fbi.ForwardMode.DECODE
     assert t["input_ids"].shape == (3,) and same(t["input_ids"], inp.verified_id.long())  # one token per request
-    assert same(t["out_cache_loc"], rt[torch.tensor(REQ_POOL), seq].long())  # the slot at seq_len
+    assert same(t["out_cache_loc"], slot)  # the slot at seq_len
     assert same(t["seq_lens"], seq + 1) and same(t["seq_lens_cpu"], seq + 1) and t["seq_lens_sum"] == int(seq.sum()) + 3
     assert t["spec_info"] is None and t["capture"] == sg.fbi.CaptureHiddenMode.FULL
     # Hazard (a): never the TARGET_VERIFY graphs for a 1-token batch; restored afterwards.
@@ -310,11 +340,11 @@ def test_plain_step_runs_no_draft_and_one_token_per_request(sg, env):
     assert w.target_worker.model_runner.graph_runner == VERIFY_GRAPHS
 
     sampled = (inp.verified_id.long() * 7 + seq + 1) % VOCAB
-    d = trace[2][1]  # the draft catch-up: the speculative step's draft-extend, accept length 1
-    assert d["mode"] == sg.fbi.ForwardMode.DRAFT_EXTEND_V2
-    assert same(d["input_ids"], sampled.to(torch.int32).repeat_interleave(STRIDE))
-    assert same(d["positions"], (seq[:, None] + torch.arange(STRIDE)).reshape(-1))
-    assert same(d["out_cache_loc"], rt[torch.tensor(REQ_POOL)[:, None], seq[:, None] + torch.arange(STRIDE)].reshape(-1).long())
+    target_hidden = inp.verified_id.float()[:, None] + torch.arange(H_TARGET).float()
+    kv = trace[1][1]  # the KV-only catch-up: the draft's K/V at seq_len for (target hidden, new token)
+    k, v = expected_kv(sampled, target_hidden, seq)
+    assert kv["layer"] == "draft-layer-0" and same(kv["loc"], slot)
+    assert torch.allclose(kv["k"].reshape(3, -1), k) and torch.allclose(kv["v"].reshape(3, -1), v)
 
     assert res.dynspec_speculated is False
     assert same(res.accept_lens, torch.ones(3, dtype=torch.int32))
@@ -322,11 +352,46 @@ def test_plain_step_runs_no_draft_and_one_token_per_request(sg, env):
     nd = res.next_draft_input
     assert same(nd.verified_id, sampled) and same(nd.new_seq_lens, seq + 1)
     assert nd.topk_p.shape == (3, 1) and nd.topk_index.shape == (3, 1) and nd.hidden_states.shape == (3, H_DRAFT)
-    assert same(nd.topk_index[:, 0], (sampled + 1) % VOCAB)  # the draft's guess after the new token
-    target_hidden = inp.verified_id.float()[:, None] + torch.arange(H_TARGET).float()
-    assert torch.allclose(nd.hidden_states, target_hidden[:, :H_DRAFT] + seq[:, None].float())
+    assert torch.allclose(nd.hidden_states, 2 * target_hidden[:, :H_DRAFT])  # fc(aux), kept for the resume
     assert res.logits_output.hidden_states is None  # nothing extra to copy to the CPU
     assert w.dynspec.stats()["steps_plain"] == 1 and w.dynspec.mode == "plain"
+    assert w._dynspec_resume_pending and bool(w._dynspec_stale[torch.tensor(REQ_POOL)].all())
+
+
+def test_first_speculative_step_after_plain_resumes_the_draft(sg, env):
+    """A 1-token full draft forward at seq_len - 1 restores topk and hidden state before drafting."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, True, True]))
+    runs = drive(sg, w, 3)
+    kinds = trace.kinds()
+    assert kinds == ["target", "draft_kv",
+                     "draft_attn_init", "draft_forward", "draft", "verify", "draft_attn_init", "draft_forward",
+                     "draft", "verify", "draft_attn_init", "draft_forward"]  # one resume only
+    (plain_in, plain_res), (inp, _), _ = runs
+    resume = trace[3][1]
+    seq = inp.seq_lens
+    rt = w.req_to_token_pool.req_to_token
+    assert resume["mode"] == sg.fbi.ForwardMode.DRAFT_EXTEND_V2
+    assert same(resume["input_ids"], inp.verified_id) and same(resume["positions"], seq - 1)
+    assert same(resume["out_cache_loc"], rt[torch.tensor(REQ_POOL), seq - 1].long())
+    assert same(resume["hidden_in"], plain_res.next_draft_input.hidden_states)
+    draft = trace[4][1]  # the draft starts from the resumed state, not the placeholders
+    assert same(draft["topk_index"][:, 0], (inp.verified_id.long() + 1) % VOCAB)
+    assert torch.allclose(draft["hidden"], inp.hidden + (seq - 1)[:, None].float())
+    assert w.dynspec.stats()["resumes"] == 1 and not w._dynspec_resume_pending
+
+
+def test_resume_leaves_requests_that_joined_since_alone(sg, env):
+    """A request prefilled after the plain step has a current draft state: the resume writes its
+    KV to the padding slot 0 and keeps its topk and hidden state."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, True]))
+    drive(sg, w, 1)
+    w._dynspec_stale[REQ_POOL[1]] = False  # as the prefill branch does for a new request
+    trace.clear()
+    (inp, _), = drive(sg, w, 1)
+    resume, draft = trace[1][1], trace[2][1]
+    assert int(resume["out_cache_loc"][1]) == 0 and int(resume["out_cache_loc"][0]) != 0
+    assert same(draft["topk_index"][1], inp.topk_index[1]) and same(draft["hidden"][1], inp.hidden[1])
+    assert not same(draft["topk_index"][0], inp.topk_index[0])
 
 
 def test_plain_step_uses_plain_graphs_when_captured(sg, env):
@@ -377,29 +442,28 @@ def test_switches_in_both_directions_keep_inputs_well_formed(sg, env):
     modes = [True, False, False, True, False, True]
     w, trace = make_worker(sg, sg.ew, env, Scripted(modes))
     runs = drive(sg, w, len(modes))
+    spec = ["draft", "verify", "draft_attn_init", "draft_forward"]
+    resume = ["draft_attn_init", "draft_forward"]
+    want = []
+    for i, mode in enumerate(modes):
+        want += (resume if i and not modes[i - 1] else []) + spec if mode else ["target", "draft_kv"]
+    assert trace.kinds() == want
     for i, (mode, (inp, res)) in enumerate(zip(modes, runs)):
-        calls = step_calls(trace, i)
-        kinds = [c[0] for c in calls]
-        assert kinds == (["draft", "verify", "draft_attn_init", "draft_forward"] if mode
-                         else ["target", "draft_attn_init", "draft_forward"]), (i, kinds)
         # The inputs of every step are what the previous step left, with the same shapes.
         assert inp.verified_id.shape == (3,) and inp.topk_p.shape == (3, 1)
         assert inp.topk_index.shape == (3, 1) and inp.hidden.shape == (3, H_DRAFT)
         if i:
             prev_in, prev = runs[i - 1]
             nd = prev.next_draft_input
-            assert same(inp.verified_id, nd.verified_id) and same(inp.topk_index, nd.topk_index)
-            assert same(inp.hidden, nd.hidden_states) and same(inp.seq_lens, nd.new_seq_lens)
+            assert same(inp.verified_id, nd.verified_id) and same(inp.hidden, nd.hidden_states)
+            assert same(inp.seq_lens, nd.new_seq_lens)
             assert same(inp.seq_lens, prev_in.seq_lens + (2 if modes[i - 1] else 1))
-        if mode:  # the draft starts from exactly those inputs
-            d = calls[0][1]
-            assert same(d["verified_id"], inp.verified_id) and same(d["topk_index"], inp.topk_index)
-            assert same(d["hidden"], inp.hidden) and same(d["seq_lens"], inp.seq_lens)
-        else:  # the target continues from the last verified token
-            assert same(calls[0][1]["input_ids"], inp.verified_id.long())
-            assert same(calls[0][1]["seq_lens"], inp.seq_lens + 1)
+    targets = [c[1] for c in trace if c[0] == "target"]
+    plain_inputs = [inp for m, (inp, _) in zip(modes, runs) if not m]
+    for t, inp in zip(targets, plain_inputs):  # the target continues from the last verified token
+        assert same(t["input_ids"], inp.verified_id.long()) and same(t["seq_lens"], inp.seq_lens + 1)
     st = w.dynspec.stats()
-    assert (st["steps_spec"], st["steps_plain"], st["switches"]) == (3, 3, 4)
+    assert (st["steps_spec"], st["steps_plain"], st["switches"], st["resumes"]) == (3, 3, 4, 2)
 
 
 def test_grammar_batch_keeps_speculating(sg, env):
