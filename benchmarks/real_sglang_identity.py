@@ -23,7 +23,7 @@ ARMS = [
     Arm("patched-always", patched=True, policy="always"),
     Arm("patched-never", patched=True, policy="never"),
     Arm("patched-threshold", patched=True, policy="threshold:on=2,off=2,dwell=0"),
-    Arm("patched-cycle", patched=True, policy="cycle:spec=2,plain=2"),
+    Arm("patched-cycle", patched=True, policy="cycle:spec=1,plain=2"),
 ]
 
 

@@ -178,7 +178,7 @@ def fake_eagle3():
 
 def expected_kv(new_ids, target_hidden, positions):
     """What the catch-up must write: K/V rows of qkv over [norm(embed) | norm(fc(aux))], RoPE on K."""
-    x = torch.cat([new_ids[:, None].float() + 1, 2 * target_hidden[:, :H_DRAFT] - 1], dim=-1)
+    x = torch.cat([new_ids[:, None].float() + torch.zeros(H_DRAFT) + 1, 2 * target_hidden[:, :H_DRAFT] - 1], dim=-1)
     kv = x @ QKV[H_DRAFT:].T
     return kv[:, :H_DRAFT] + positions[:, None].float(), kv[:, H_DRAFT:]
 

@@ -32,7 +32,7 @@ LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored
 N_PROMPTS = 4
 WAVE = 5  # arms started side by side
 LEVELS = (1, 4)
-CYCLE = "cycle:spec=2,plain=2"
+CYCLE = "cycle:spec=1,plain=2"  # every speculative step follows two plain ones
 METRICS = ("--enable-metrics",)
 
 # Deliberate breaks of the patched plain step (text of the patched eagle_worker_v2.py -> broken text).
@@ -129,14 +129,15 @@ def test_counters_follow_each_policy(runs):
     assert never["steps_spec"] == 0 and never["steps_plain"] > 0 and never["switches"] == 1  # starts speculating
     thr = counters(runs, "patched-threshold")
     assert thr["steps_spec"] > 0 and thr["steps_plain"] > 0
-    assert thr["switches"] >= 3, "threshold:2 must switch to plain at batch 4 and back as the batch shrinks"
+    assert thr["switches"] >= 2, "threshold:2 must switch to plain at batch 4 and back as the batch shrinks"
     cyc = counters(runs, "patched-cycle")
-    assert abs(cyc["steps_spec"] - cyc["steps_plain"]) <= 2 and cyc["switches"] >= cyc["steps"] // 2 - 1
+    assert abs(cyc["steps_plain"] - 2 * cyc["steps_spec"]) <= 2, cyc
+    assert abs(cyc["switches"] - 2 * cyc["steps_spec"]) <= 2, cyc
     for arm in ("patched-always", "patched-never", "patched-threshold", "patched-goodput", "patched-cycle"):
         c = counters(runs, arm)
         assert c["steps"] == c["steps_spec"] + c["steps_plain"] > 0, arm
         assert c["policy_failed"] is False and c["plain_step"] == "eager", arm
-    assert cyc["resumes"] >= cyc["switches"] // 2 - 1  # one per plain -> spec switch
+    assert cyc["resumes"] >= cyc["steps_spec"] - 1, cyc  # one per plain -> spec switch
     assert always["resumes"] == 0
 
 
@@ -145,8 +146,8 @@ def test_unset_policy_is_the_upstream_path(runs):
     upstream = [r["meta"]["spec_verify_ct"] for r in runs["arms"]["eagle-upstream"]["levels"][1]]
     unset = [r["meta"]["spec_verify_ct"] for r in runs["arms"]["patched-unset"]["levels"][1]]
     assert unset == upstream  # at concurrency 1 the verify steps are deterministic
-    logs = runs["logs"]["patched-unset"]
-    assert "dynspec" not in logs
+    server_lines = [x for x in runs["logs"]["patched-unset"].splitlines() if not x.startswith("# dynspec")]
+    assert not [x for x in server_lines if "dynspec" in x]  # the patch said and did nothing
 
 
 def test_prometheus_counters_match_server_info(runs):
@@ -173,7 +174,7 @@ def test_the_draft_is_current_after_plain_stretches(runs):
     broken = accepted_per_spec_step(runs, "mutant-no-catch-up")
     assert always > 1.0, "the crafted draft should be right more often than not"
     assert cycle >= 0.85 * always, (cycle, always)
-    assert broken < 0.6 * always, (broken, always)  # the check can fail
+    assert broken < 0.5 * always, (broken, always)  # the check can fail
 
 
 def test_every_arm_started(runs):

@@ -1,0 +1,106 @@
+"""The pieces of dynspec.realsglang that need no server: the sgl_kernel stand-in's ops,
+stand-in modules, the CPU index kernels and the tiny models' construction."""
+
+from __future__ import annotations
+
+import importlib
+import random
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
+
+from dynspec import realsglang  # noqa: E402
+from dynspec.realsglang import compat  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sgl_kernel():
+    sys.path.insert(0, str(realsglang.SITE))
+    try:
+        yield importlib.import_module("sgl_kernel")
+    finally:
+        sys.path.remove(str(realsglang.SITE))
+        for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
+            del sys.modules[name]
+
+
+def test_unimplemented_kernels_import_and_raise_naming_themselves(sgl_kernel):
+    from sgl_kernel import rmsnorm  # noqa: F401  (SGLang binds names like this at import)
+    from sgl_kernel.elementwise import fused_add_rmsnorm
+
+    with pytest.raises(NotImplementedError, match="sgl_kernel.rmsnorm"):
+        sgl_kernel.rmsnorm(torch.zeros(2))
+    with pytest.raises(NotImplementedError, match="sgl_kernel.elementwise.fused_add_rmsnorm"):
+        fused_add_rmsnorm()
+
+
+def chain_reference(seq_lens, n):
+    """The chain's verify inputs spelled out request by request."""
+    positions, mask = [], []
+    for b, s in enumerate(seq_lens):
+        positions += [s + k for k in range(n)]
+        for k in range(n):
+            mask += [True] * s + [j <= k for j in range(n)]
+    return positions, mask
+
+
+def test_build_tree_for_a_chain(sgl_kernel):
+    seq_lens, n = [5, 2, 9], 4
+    bs = len(seq_lens)
+    seq = torch.tensor(seq_lens)
+    mask = torch.full((sum(seq_lens) * n + n * n * bs,), True)
+    positions = torch.empty(bs * n, dtype=torch.long)
+    ri, rn, rs = torch.full((3, bs, n), -1, dtype=torch.long)
+    sgl_kernel.build_tree_kernel_efficient(torch.empty(bs, 0), torch.zeros(bs, n - 1, dtype=torch.long), seq,
+                                           mask, positions, ri, rn, rs, 1, n - 1, n, 0)
+    want_pos, want_mask = chain_reference(seq_lens, n)
+    assert positions.tolist() == want_pos and mask.tolist() == want_mask
+    assert ri.tolist() == [[b * n + k for k in range(n)] for b in range(bs)]
+    assert rn.tolist() == [[1, 2, 3, -1]] * bs and rs.tolist() == [[-1] * n] * bs
+    with pytest.raises(NotImplementedError, match="topk=4"):
+        sgl_kernel.build_tree_kernel_efficient(None, None, seq, mask, positions, ri, rn, rs, 4, 3, n, 0)
+
+
+def test_verify_tree_greedy_accepts_the_matching_prefix(sgl_kernel):
+    rng = random.Random(0)
+    bs, n = 64, 4
+    for _ in range(20):
+        target = torch.tensor([[rng.randrange(5) for _ in range(n)] for _ in range(bs)])
+        cand = torch.tensor([[rng.randrange(5)] + [rng.randrange(5) for _ in range(n - 1)] for _ in range(bs)])
+        predicts = torch.zeros(bs * n + 1, dtype=torch.int32)
+        accept_index = torch.full((bs, n), -1, dtype=torch.int32)
+        accept_num = torch.empty(bs, dtype=torch.int32)
+        ri = torch.arange(bs * n).reshape(bs, n)
+        sgl_kernel.verify_tree_greedy(predicts, accept_index, accept_num, cand, ri, None, None, target)
+        for b in range(bs):
+            a = 0
+            while a < n - 1 and cand[b, a + 1] == target[b, a]:
+                a += 1
+            assert accept_num[b] == a
+            assert accept_index[b].tolist() == [b * n + k for k in range(a + 1)] + [-1] * (n - 1 - a)
+            assert predicts[b * n:b * n + a + 1].tolist() == target[b, :a + 1].tolist()
+
+
+def test_cpu_index_kernels_copy_each_requests_segment():
+    req_to_token = torch.arange(40).reshape(4, 10)
+    out = torch.zeros(5, dtype=torch.int64)
+    kernel = compat._TorchKernel(compat._assign_extend_cache_locs)
+    kernel[(2,)](torch.tensor([3, 1]), req_to_token, torch.tensor([2, 7]), torch.tensor([4, 10]), out, 10, 2)
+    assert out.tolist() == [32, 33, 17, 18, 19]
+    pool = torch.zeros(4, 10, dtype=torch.int64)
+    compat._TorchKernel(compat._assign_req_to_token_pool)[(2,)](
+        torch.tensor([3, 1]), pool, torch.tensor([2, 7]), torch.tensor([4, 10]), out, 10, 2)
+    assert pool[3, 2:4].tolist() == [32, 33] and pool[1, 7:10].tolist() == [17, 18, 19]
+
+
+def test_tiny_target_follows_its_permutation_most_of_the_time(tmp_path):
+    pytest.importorskip("transformers")
+    from dynspec.realsglang.tinymodels import expected_follow_rate, make_models
+
+    make_models(tmp_path)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(8, 40))] for _ in range(4)]
+    rate = expected_follow_rate(tmp_path, prompts, max_new_tokens=24)
+    assert 0.7 <= rate <= 0.97  # context matters, and the draft has something to be right about
