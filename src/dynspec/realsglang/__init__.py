@@ -28,6 +28,8 @@ VERSION = "0.5.9"
 SITE = Path(__file__).parent / "site"
 # torchvision: a stand-in only where the real one cannot load (the CPU torch build).
 SITE_CPU = Path(__file__).parent / "site-cpu"
+# flashinfer: imported at module level on CUDA only; its stand-in only there.
+SITE_GPU = Path(__file__).parent / "site-gpu"
 
 # CPU: the torch-native attention and sampling backends, no CUDA graphs, float32, and a
 # KV pool sized in tokens (by default SGLang sizes it to a share of all free CPU memory).
@@ -88,7 +90,7 @@ def sglang_site(patched: bool, root: Path | None = None) -> Path:
 def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> dict[str, str]:
     """The environment of a server process: stand-ins first, then the chosen sglang copy."""
     env = dict(os.environ if base is None else base)
-    sites = [SITE] if gpu else [SITE, SITE_CPU]
+    sites = [SITE, SITE_GPU] if gpu else [SITE, SITE_CPU]
     path = [*map(str, sites), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in is not sgl-kernel 0.3.21

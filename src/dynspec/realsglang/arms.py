@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,8 @@ class Arm:
 def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: list[str] = (),
                startup_timeout: float = 900.0) -> ArmServer:
     site = arm.site or realsglang.sglang_site(arm.patched)
-    env = realsglang.server_env(site, gpu=gpu, base={})
+    # Only what the server needs beyond the caller's environment (ArmServer adds that back).
+    env = realsglang.server_env(site, gpu=gpu, base={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     if arm.speculative:
         env["SGLANG_ENABLE_SPEC_V2"] = "1"
     if arm.policy is not None:

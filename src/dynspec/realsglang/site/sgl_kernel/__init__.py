@@ -12,3 +12,4 @@ from . import ops
 
 __version__ = "0.3.21"  # what SGLang 0.5.9 pins; the ops follow its semantics
 populate(globals(), {name: getattr(ops, name) for name in ops.IMPLEMENTED}, real_submodules=("ops",))
+ops.define_fake_targets()

@@ -12,6 +12,31 @@ import torch
 
 IMPLEMENTED = ("build_tree_kernel_efficient", "verify_tree_greedy", "fast_topk")
 
+# Ops SGLang's CUDA path registers fake (meta) kernels for at import time, for torch.compile:
+# torch.library.register_fake needs the op to exist.  Schemas written from the argument lists
+# of SGLang's fakes; no kernel is registered, so calling one of them still fails.
+FAKE_TARGETS = (
+    "sgl_per_token_group_quant_8bit(Tensor input, Tensor(a!) output_q, Tensor(b!) output_s, int group_size, "
+    "float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()",
+    "sgl_per_token_group_quant_fp8(Tensor input, Tensor(a!) output_q, Tensor(b!) output_s, int group_size, "
+    "float eps, float fp8_min, float fp8_max, bool scale_ue8m0) -> ()",
+    "sgl_per_token_quant_fp8(Tensor input, Tensor(a!) output_q, Tensor(b!) output_s) -> ()",
+    "fp8_scaled_mm(Tensor mat_a, Tensor mat_b, Tensor scales_a, Tensor scales_b, ScalarType out_dtype, "
+    "Tensor? bias=None) -> Tensor",
+    "moe_fused_gate(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+    "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+    "bool apply_routed_scaling_factor_on_output=False) -> Tensor[]",
+)
+_LIBRARY = None
+
+
+def define_fake_targets() -> None:
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library("sgl_kernel", "FRAGMENT")
+        for schema in FAKE_TARGETS:
+            _LIBRARY.define(schema)
+
 
 def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
                                 retrive_index, retrive_next_token, retrive_next_sibling,
