@@ -69,7 +69,7 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
         start = n * (torch.cumsum(seq, 0) - seq) + n * n * torch.arange(bs, device=dev)
         row = start[:, None] + k[None, :] * (seq[:, None] + n)              # [b, k]
         idx = row[:, :, None] + seq[:, None, None] + k[None, None, :]      # [b, k, j]
-        tree_mask.index_put_((idx.reshape(-1),), visible.expand(bs, n, n).reshape(-1))
+        tree_mask.index_put_((idx.reshape(-1),), visible.expand(bs, n, n).reshape(-1).to(tree_mask.dtype))
     elif mode == 1:
         tree_mask.view(bs, n, n).copy_(visible.expand(bs, n, n))
     else:
