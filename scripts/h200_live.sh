@@ -12,11 +12,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $
 export PYTHONPATH=$PWD/src:/tmp/site
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
+CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml)
+[ -n "${SKIP_IDENTITY:-}" ] || timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
     --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
-echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"
+[ -n "${SKIP_IDENTITY:-}" ] || { echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"; }
 python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
-timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config configs/h200-llama8b-live.yaml --run-id h200-llama8b-live \
+timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
-tar czf "$OUT/h200-llama8b-live.tgz" -C /tmp/runs h200-llama8b-live
+tar czf "$OUT/$RUN.tgz" -C /tmp/runs "$RUN"
