@@ -142,18 +142,39 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
     except ValidationError as exc:
         err = exc.errors()[0]
         raise PipelineError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    run_exists = pc.run_dir.exists() and any(pc.run_dir.iterdir())
+    for d in (pc.run_dir, pc.report_dir):
+        if d.is_symlink():  # --overwrite would empty whatever it points at
+            raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
+    run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
+    # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
+    published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()
     if resume and not (pc.run_dir / "run.json").is_file():
         raise PipelineError(f"{pc.run_dir}: nothing to resume (no run.json there)")
     if run_exists and not (resume or overwrite):
         raise PipelineError(f"{pc.run_dir}: run folder exists; pass --resume to continue it, "
                             f"--overwrite to replace it, or another --run-id")
-    if overwrite and run_exists:
-        meta = pc.run_dir / "run.json"
-        old = json.loads(meta.read_text()).get("backend") if meta.is_file() else None
-        if old == "live" or backend == "live":
-            raise PipelineError(f"{pc.run_dir}: a live run is never overwritten; choose another --run-id")
+    if published and not (resume or overwrite):
+        raise PipelineError(f"{pc.report_dir}: a published report exists; pass --overwrite to replace it "
+                            f"or choose another --run-id")
+    if (run_exists or published) and (resume or overwrite):
+        old = {_backend_of(pc.run_dir / "run.json"), _backend_of(pc.report_dir / "summary.json")}
+        if overwrite and ("live" in old or backend == "live"):
+            raise PipelineError(f"{pc.report_dir}: a live run is never overwritten; choose another --run-id")
+        if resume and old - {None, backend}:  # the report would be cleared before the sweep refuses
+            raise PipelineError(f"{pc.run_dir}: was run with backend {(old - {None, backend}).pop()}, not {backend}")
     return pc
+
+
+def _backend_of(path: Path) -> str | None:
+    """The backend a run.json or summary.json names; None when the file is absent."""
+    from dynspec.jsonl import read_json
+
+    if not path.exists():
+        return None
+    data = read_json(path, PipelineError)
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return str(data.get("backend"))
 
 
 # Kernel -------------------------------------------------------------------------------
