@@ -89,8 +89,10 @@ class Arm(_Strict):
     @classmethod
     def _env_strings(cls, v):
         # YAML turns 1 and true into numbers and booleans; the environment wants strings.
+        # Only scalars are turned into strings: a list or mapping (an alias, say) is left for the type check.
         if isinstance(v, dict):
-            return {str(k): ("1" if x is True else "0" if x is False else str(x)) for k, x in v.items()}
+            return {str(k): "1" if x is True else "0" if x is False else str(x) if isinstance(x, (int, float)) else x
+                    for k, x in v.items()}
         return v
 
     @property

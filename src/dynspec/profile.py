@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dynspec.typed_yaml import parse_model, read_yaml
+from dynspec.typed_yaml import loads_yaml, parse_model, read_yaml
 
 
 class ProfileError(ValueError):
@@ -241,4 +241,4 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not res.is_file():
         known = ", ".join(shipped_profiles()) or "none"
         raise ProfileError(f"{name_or_path}: no such profile (shipped: {known}; or give a path to a .yaml file)")
-    return parse_profile(yaml.safe_load(res.read_text()), f"profile {name_or_path}")
+    return parse_profile(loads_yaml(res.read_text(), f"profile {name_or_path}", ProfileError), f"profile {name_or_path}")

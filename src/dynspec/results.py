@@ -155,6 +155,8 @@ def write_table(rows: Sequence[dict], path: str | Path) -> Path:
     path = Path(path)
     if path.suffix not in (".csv", ".parquet"):
         raise ValueError(f"{path}: results go to a .csv or .parquet file")
+    if len(path.name.encode()) > 250:  # refused before any folder is made for it
+        raise ValueError(f"{str(path)[:60]}...: file name too long")
     path.parent.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame([make_row({k: v for k, v in r.items() if k in ID_COLUMNS},
                                 {k: v for k, v in r.items() if k not in ID_COLUMNS}) for r in rows],
