@@ -374,22 +374,16 @@ def run_level(base_url: str, prompts: Sequence[Prompt], concurrency: int, **kwar
 
 def write_requests(path: str | Path, requests: Iterable[RequestRecord]) -> Path:
     """Per-request records as JSONL, times relative to the level's first dispatch; atomic."""
-    import os
+    from dynspec.atomic import write_text
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     reqs = list(requests)
     t0 = min((r.start for r in reqs), default=0.0)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for r in reqs:
-            d = r.to_dict()
-            d["start"], d["end"] = r.start - t0, r.end - t0
-            f.write(json.dumps(d) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    lines = []
+    for r in reqs:
+        d = r.to_dict()
+        d["start"], d["end"] = r.start - t0, r.end - t0
+        lines.append(json.dumps(d) + "\n")
+    return write_text(path, "".join(lines))
 
 
 def read_requests(path: str | Path) -> list[RequestRecord]:
