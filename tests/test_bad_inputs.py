@@ -137,3 +137,14 @@ def test_import_results_bad_fields_and_out(tmp_path, capsys):
     for out in ("o.txt", "a-folder", "no/such/dir/" + "y" * 300 + ".csv"):
         (tmp_path / "a-folder").mkdir(exist_ok=True)
         one_line_refusal(capsys, ["import-results", str(ok), "--out", str(tmp_path / out)], tmp_path)
+
+
+@pytest.mark.parametrize("command", ["sweep", "pipeline"])
+def test_run_ids_are_limited_to_a_safe_set(tmp_path, capsys, command):
+    config = str(ROOT / "configs" / "ci-tiny.yaml")
+    for rid in ("x\n", "x" * 200, "../x", "-x", "a b"):
+        argv = YAML_COMMANDS[command](config, tmp_path) + [f"--run-id={rid}"]
+        if command == "sweep":
+            argv[argv.index("--backend") + 1] = "sim"
+        err = one_line_refusal(capsys, argv, tmp_path)
+        assert "run id" in err

@@ -34,11 +34,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dynspec.atomic import write_text
+from dynspec.config import RUN_ID, run_id_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
 KERNEL = "dynspec"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class PipelineError(RuntimeError):
@@ -52,7 +52,7 @@ class PipelineConfig(BaseModel):
 
     config: Path
     backend: Literal["sim", "emulate", "live"] = "sim"
-    run_id: str = Field(pattern=_RUN_ID.pattern)
+    run_id: str = Field(pattern=f"^{RUN_ID.pattern}$")
     resume: bool = False
     overwrite: bool = False
     runs_dir: Path
@@ -114,8 +114,8 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
         raise PipelineError("--resume needs the --run-id of the run to continue")
     if run_id is None:
         run_id = f"{cfg.name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"  # as dynspec.sweep names runs
-    if not _RUN_ID.match(run_id):
-        raise PipelineError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if run_id_problem(run_id):
+        raise PipelineError(run_id_problem(run_id))
     nb_dir = _abs(notebooks_dir) if notebooks_dir else REPO_ROOT / "notebooks"
     missing = [n for n in NOTEBOOKS if not (nb_dir / f"{n}.ipynb").is_file()]
     if missing:

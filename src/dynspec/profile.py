@@ -24,7 +24,8 @@ class ProfileError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's true is not a step count; no .inf or .nan step times or acceptance.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Speculative(_Strict):
@@ -111,7 +112,8 @@ class Provenance(_Strict):
 
 
 class Profile(_Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True, ignored_types=(cached_property,))
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              ignored_types=(cached_property,))
 
     name: str
     description: str = ""
@@ -136,6 +138,12 @@ class Profile(_Strict):
                 f"acceptance.accept_length {self.acceptance.accept_length} exceeds "
                 f"1 + speculative.num_steps = {1 + self.speculative.num_steps}"
             )
+        from dynspec.engine import solve_mean_rate
+
+        try:  # within 1 + num_steps, but requests as unlike as `concentration` says may not reach it
+            solve_mean_rate(self.acceptance.accept_length, self.acceptance.concentration, self.speculative.num_steps)
+        except ValueError as exc:
+            raise ValueError(f"acceptance: {exc}") from None
         ctx = [t.context_len for t in self.steps]
         if len(ctx) > 1 and (None in ctx or any(a >= b for a, b in zip(ctx, ctx[1:]))):
             raise ValueError("steps: several tables need each a context_len, strictly increasing")

@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.atomic import open_append, write_json, write_text
-from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml
+from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml, run_id_problem
 from dynspec.jsonl import read_json
 from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, read_rows, summarize
 from dynspec.servers import dynspec_state
@@ -46,7 +45,6 @@ log = logging.getLogger("dynspec.sweep")
 _MEASUREMENT_KEYS = ("model", "draft_model", "profile", "num_prompts", "input_len", "output_len", "prompts",
                      "warmup_requests", "seed")
 _ARM_KEYS = ("sim_arm", "launch", "env", "api")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class SweepError(RuntimeError):
@@ -113,8 +111,8 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         if resume:
             raise SweepError("--resume needs the --run-id of the run to continue")
         run_id = f"{cfg.name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not _RUN_ID.match(run_id):
-        raise SweepError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if run_id_problem(run_id):
+        raise SweepError(run_id_problem(run_id))
     run = _Run(runs_dir / run_id)
     new_cfg = cfg.model_dump(mode="json")
     if resume:
