@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -148,3 +150,124 @@ def test_run_ids_are_limited_to_a_safe_set(tmp_path, capsys, command):
             argv[argv.index("--backend") + 1] = "sim"
         err = one_line_refusal(capsys, argv, tmp_path)
         assert "run id" in err
+
+
+# Fuzz: generated inputs, bounded so CI runs it in seconds -------------------------------------
+
+FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+NASTY = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10 ** 30), max_value=10 ** 30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(st.characters(blacklist_categories=("Cs",)), max_size=30),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12)
+
+BASE_CONFIG = yaml.safe_load((ROOT / "configs" / "ci-tiny.yaml").read_text())
+BASE_PROFILE = {
+    "name": "fuzz", "speculative": {"num_steps": 3},
+    "acceptance": {"accept_length": 2.5, "concentration": 10},
+    "steps": {"batch_size": [1, 64], "plain_ms": [10.0, 20.0], "spec_ms": [12.0, 30.0]},
+    "provenance": {"kind": "derived", "source": "fuzz"},
+}
+BASE_IMPORT = {"completed": 10, "failed": 0, "duration": 1.5, "output_throughput": 100.0, "mean_ttft_ms": 5.0,
+               "mean_e2e_latency_ms": 9.0, "max_concurrency": 4, "accept_length": 2.1, "tag": "a",
+               "server_info": {"speculative_algorithm": "EAGLE3"}}
+
+
+def _paths(d, prefix=()):
+    """Every key path in nested dicts and lists."""
+    yield prefix
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            yield from _paths(v, prefix + (i,))
+
+
+@st.composite
+def mutated(draw, base: dict):
+    """base with a few values (at any depth) replaced by nasty ones, or a key added or dropped."""
+    d = json.loads(json.dumps(base))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(d))[1:]))
+        node = d
+        try:
+            for k in path[:-1]:
+                node = node[k]
+            if draw(st.booleans()) and isinstance(node, dict):
+                node.pop(path[-1], None)
+            else:
+                node[path[-1]] = draw(NASTY)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier change removed this path
+    return d
+
+
+def _dump(data, raw: bool) -> bytes:
+    if raw:
+        return data
+    return yaml.safe_dump(data, allow_unicode=True).encode()
+
+
+def exit_0_or_one_line(capsys, argv) -> int:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code in (0, 2), f"{argv}: exit {code}: {err}"
+    if code == 2:
+        assert err.count("\n") == 1 and "Traceback" not in err, f"{argv}: {err}"
+    return code
+
+
+FUZZ_COUNT: dict[str, int] = {}
+
+
+@FUZZ
+@given(data=mutated(BASE_CONFIG) | st.binary(max_size=200))
+def test_fuzz_configs(tmp_path, capsys, data):
+    FUZZ_COUNT["configs"] = FUZZ_COUNT.get("configs", 0) + 1
+    f = tmp_path / "cfg.yaml"
+    f.write_bytes(_dump(data, isinstance(data, bytes)))
+    # Everything is checked before the notebooks run; an empty notebooks folder stops a valid config there.
+    exit_0_or_one_line(capsys, ["pipeline", "--config", str(f), "--runs-dir", str(tmp_path / "runs"),
+                                "--reports-dir", str(tmp_path / "reports"), "--notebooks-dir", str(tmp_path)])
+
+
+@FUZZ
+@given(data=mutated(BASE_PROFILE) | st.binary(max_size=200))
+def test_fuzz_profiles(tmp_path, capsys, data):
+    FUZZ_COUNT["profiles"] = FUZZ_COUNT.get("profiles", 0) + 1
+    f = tmp_path / "p.yaml"
+    f.write_bytes(_dump(data, isinstance(data, bytes)))
+    if exit_0_or_one_line(capsys, ["sim", "--profile", str(f), "--concurrency", "1", "--num-prompts", "2",
+                                   "--input-len", "8", "--output-len", "4", "--out", str(tmp_path / "o.csv")]) == 0:
+        from dynspec.results import read_table
+
+        tput = read_table(tmp_path / "o.csv").output_throughput
+        assert (tput > 0).all() and np.isfinite(tput).all(), "an accepted profile simulates to a finite throughput"
+
+
+@FUZZ
+@given(spec=st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+       | st.sampled_from(["goodput", "threshold:on=", "table:1=2", "always:x=1", "threshold:on=inf",
+                          "threshold:on=1e400", "threshold:on=nan"]).map(lambda s: s))
+def test_fuzz_policy_specs(capsys, spec):
+    FUZZ_COUNT["specs"] = FUZZ_COUNT.get("specs", 0) + 1
+    exit_0_or_one_line(capsys, ["policy", "check", spec])
+
+
+@FUZZ
+@given(data=mutated(BASE_IMPORT) | st.binary(max_size=200))
+def test_fuzz_import_files(tmp_path, capsys, data):
+    FUZZ_COUNT["imports"] = FUZZ_COUNT.get("imports", 0) + 1
+    f = tmp_path / "r.jsonl"
+    f.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode() + b"\n")
+    if exit_0_or_one_line(capsys, ["import-results", str(f), "--out", str(tmp_path / "o.csv")]) == 0:
+        from dynspec.results import METRIC_COLUMNS, read_table
+
+        df = read_table(tmp_path / "o.csv")
+        for c in METRIC_COLUMNS[:-1]:  # every numeric column: a number, finite and not negative, or missing
+            values = pd.to_numeric(df[c], errors="raise")
+            assert ((values >= 0) | values.isna()).all() and not np.isinf(values).any(), c
