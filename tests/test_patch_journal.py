@@ -182,3 +182,13 @@ def test_symlinked_targets_and_backup_are_refused(tree, tmp_path):
     with pytest.raises(patching.Refusal, match="symbolic link"):
         patching.do_apply(target)
     assert a.is_symlink() and real.read_text() == UPSTREAM["sglang/srt/a.py"]
+    # and revert of a patched tree whose file was since made a link
+    a.unlink()
+    a.write_text(UPSTREAM["sglang/srt/a.py"])
+    patching.do_apply(target)
+    real.write_text(a.read_text())
+    a.unlink()
+    a.symlink_to(real)
+    with pytest.raises(patching.Refusal, match="symbolic link"):
+        patching.do_revert(target)
+    assert a.is_symlink() and state(tree) == patching.PATCHED

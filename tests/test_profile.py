@@ -66,7 +66,7 @@ BAD = [
     (_bad(steps__spec_ms=[float("nan"), 20]), "finite number"),
     (_bad(acceptance__accept_length=float("inf")), "finite number"),
     (_bad(acceptance__accept_length=4.0), "out of reach with 3 draft steps"),
-    (_bad(speculative__num_steps=True), "speculative.num_steps"),
+    (_bad(speculative__topk=True), "speculative.topk: Input should be a valid integer"),
 ]
 
 
