@@ -66,7 +66,18 @@ def corpus(tmp_path) -> dict[str, Path]:
     return out
 
 
+TALLY = {"inputs": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tally():
+    """Prints how many inputs went through the commands (pytest -s shows it; the README quotes it)."""
+    yield
+    print(f"\n[bad inputs] {TALLY['inputs']} inputs through the CLI, every one exit 0 or one line with exit 2")
+
+
 def one_line_refusal(capsys, argv: list[str], tmp_path: Path) -> str:
+    TALLY["inputs"] += 1
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     code = main(argv)
     err = capsys.readouterr().err
@@ -103,6 +114,17 @@ def test_bad_result_files_are_one_line(corpus, tmp_path, capsys, command):
         if command == "tune" and name.endswith((".json", ".jsonl")):
             continue  # tune reads .csv and .parquet; they get their own cases below
         one_line_refusal(capsys, RESULT_COMMANDS[command](str(path), tmp_path), tmp_path)
+
+
+def test_fit_from_a_damaged_run_folder_is_one_line(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.csv").write_bytes(CORPUS["binary.yaml"])
+    for name in ("latin1.yaml", "deep-list.yaml", "alias-bomb.yaml", "list.yaml"):
+        (run / "config.yaml").write_bytes(CORPUS[name])
+        one_line_refusal(capsys, ["fit", "--from-run", str(run), "--out", str(tmp_path / "p.yaml")], tmp_path)
+    (run / "config.yaml").write_text("arms: [{name: baseline}, {name: eagle3}]\n")
+    one_line_refusal(capsys, ["fit", "--from-run", str(run), "--out", str(tmp_path / "p.yaml")], tmp_path)
 
 
 def test_env_alias_bomb_is_refused_quickly(tmp_path):
@@ -213,6 +235,7 @@ def _dump(data, raw: bool) -> bytes:
 
 
 def exit_0_or_one_line(capsys, argv) -> int:
+    TALLY["inputs"] += 1
     code = main(argv)
     err = capsys.readouterr().err
     assert code in (0, 2), f"{argv}: exit {code}: {err}"
@@ -221,13 +244,9 @@ def exit_0_or_one_line(capsys, argv) -> int:
     return code
 
 
-FUZZ_COUNT: dict[str, int] = {}
-
-
 @FUZZ
 @given(data=mutated(BASE_CONFIG) | st.binary(max_size=200))
 def test_fuzz_configs(tmp_path, capsys, data):
-    FUZZ_COUNT["configs"] = FUZZ_COUNT.get("configs", 0) + 1
     f = tmp_path / "cfg.yaml"
     f.write_bytes(_dump(data, isinstance(data, bytes)))
     # Everything is checked before the notebooks run; an empty notebooks folder stops a valid config there.
@@ -238,7 +257,6 @@ def test_fuzz_configs(tmp_path, capsys, data):
 @FUZZ
 @given(data=mutated(BASE_PROFILE) | st.binary(max_size=200))
 def test_fuzz_profiles(tmp_path, capsys, data):
-    FUZZ_COUNT["profiles"] = FUZZ_COUNT.get("profiles", 0) + 1
     f = tmp_path / "p.yaml"
     f.write_bytes(_dump(data, isinstance(data, bytes)))
     if exit_0_or_one_line(capsys, ["sim", "--profile", str(f), "--concurrency", "1", "--num-prompts", "2",
@@ -254,14 +272,12 @@ def test_fuzz_profiles(tmp_path, capsys, data):
        | st.sampled_from(["goodput", "threshold:on=", "table:1=2", "always:x=1", "threshold:on=inf",
                           "threshold:on=1e400", "threshold:on=nan"]).map(lambda s: s))
 def test_fuzz_policy_specs(capsys, spec):
-    FUZZ_COUNT["specs"] = FUZZ_COUNT.get("specs", 0) + 1
     exit_0_or_one_line(capsys, ["policy", "check", spec])
 
 
 @FUZZ
 @given(data=mutated(BASE_IMPORT) | st.binary(max_size=200))
 def test_fuzz_import_files(tmp_path, capsys, data):
-    FUZZ_COUNT["imports"] = FUZZ_COUNT.get("imports", 0) + 1
     f = tmp_path / "r.jsonl"
     f.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode() + b"\n")
     if exit_0_or_one_line(capsys, ["import-results", str(f), "--out", str(tmp_path / "o.csv")]) == 0:
@@ -271,3 +287,8 @@ def test_fuzz_import_files(tmp_path, capsys, data):
         for c in METRIC_COLUMNS[:-1]:  # every numeric column: a number, finite and not negative, or missing
             values = pd.to_numeric(df[c], errors="raise")
             assert ((values >= 0) | values.isna()).all() and not np.isinf(values).any(), c
+
+
+def test_policy_bench_without_samples_is_one_line(tmp_path, capsys):
+    err = one_line_refusal(capsys, ["policy", "bench", "goodput", "--steps", "0"], tmp_path)
+    assert "--steps must be at least 2" in err

@@ -81,6 +81,15 @@ CHILD = textwrap.dedent("""
 """)
 
 
+KILLS = {"n": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tally():
+    yield
+    print(f"\n[patch journal] {KILLS['n']} kills mid-operation, every one finished by the next command")
+
+
 def kill_after(root: Path, op: str, k: int) -> list[str]:
     """Run `op` in a child, SIGKILL it once it reports step k; the steps it reported."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -93,6 +102,7 @@ def kill_after(root: Path, op: str, k: int) -> list[str]:
                 break
     finally:
         proc.send_signal(signal.SIGKILL)
+        KILLS["n"] += 1
         proc.wait(10)
         proc.stdout.close()
     return seen
