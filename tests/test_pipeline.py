@@ -240,6 +240,10 @@ def test_index_is_newest_first_and_only_links_reports_that_exist(tmp_path):
     _summary(tmp_path, "half", "2026-03-01T00:00:00+00:00", with_report=False)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "summary.json").write_text("{not json")
+    for name, data in (("deep", b"[" * 100_000 + b"]" * 100_000), ("list", b"[1]"), ("latin1", b'{"a": "\xe9"}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_bytes(data)
+        (tmp_path / name / "report.html").write_text("x")
     page = pipeline.write_index(tmp_path).read_text()
     links = re.findall(r'href="([^"]+)"', page)
     assert links == ["new/report.html", "old/report.html"]

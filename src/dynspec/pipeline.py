@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dynspec.atomic import write_text
 from dynspec.config import RUN_ID, run_id_problem
+from dynspec.jsonl import read_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
@@ -167,8 +168,6 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
 
 def _backend_of(path: Path) -> str | None:
     """The backend a run.json or summary.json names; None when the file is absent."""
-    from dynspec.jsonl import read_json
-
     if not path.exists():
         return None
     data = read_json(path, PipelineError)
@@ -346,9 +345,11 @@ def write_index(reports_dir: Path) -> Path:
     rows = []
     for f in sorted(reports_dir.glob("*/summary.json")):
         try:
-            s = json.loads(f.read_text())
-        except json.JSONDecodeError:
+            s = read_json(f, ValueError)
+        except ValueError:
             continue  # a half-written or foreign file: leave that run out rather than fail every index
+        if not isinstance(s, dict):
+            continue
         if (f.parent / s.get("report", "report.html")).is_file():
             rows.append((s.get("generated", ""), f.parent.name, s))
     rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
