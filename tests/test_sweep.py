@@ -431,3 +431,11 @@ def test_a_server_log_that_is_a_link_is_not_written_through(tmp_path):
     with pytest.raises(OSError):
         server.start()
     assert outside.read_text() == "keep\n" and server.proc is None
+
+
+def test_an_unresolvable_host_is_a_failure_row_per_level_not_a_crash(tmp_path):
+    cfg = parse_config({**yaml.safe_load(CI_TINY.read_text()), "host": "no-such-host.invalid"})
+    res = run_sweep(cfg, backend="emulate", run_id="h", runs_dir=tmp_path, progress=False)
+    rows = by_key(rows_of(tmp_path / "h"))
+    assert res.failed and len(rows) == 4
+    assert all(r["error"].startswith("server not started: gaierror") for r in rows.values()), rows
