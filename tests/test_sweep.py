@@ -439,3 +439,16 @@ def test_an_unresolvable_host_is_a_failure_row_per_level_not_a_crash(tmp_path):
     rows = by_key(rows_of(tmp_path / "h"))
     assert res.failed and len(rows) == 4
     assert all(r["error"].startswith("server not started: gaierror") for r in rows.values()), rows
+
+
+def test_a_bad_prompt_file_is_refused_before_any_server_starts(tmp_path, capsys):
+    from dynspec.cli import main
+
+    for name, data in (("deep.json", b"[" * 100_000 + b"]" * 100_000), ("latin1.json", b'[{"a": "\xe9"}]')):
+        (tmp_path / name).write_bytes(data)
+        cfg = cfg_file(tmp_path, prompts={"source": "sharegpt", "path": name})
+        code = main(["sweep", "--config", str(cfg), "--run-id", "p", "--runs-dir", str(tmp_path / "runs"),
+                     "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and name in err, err
+        assert not (tmp_path / "runs").exists()

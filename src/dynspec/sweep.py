@@ -244,6 +244,13 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
         from dynspec.profile import load_profile
 
         profile = load_profile(cfg.profile)  # ProfileError (a ValueError) names the problem
+    if backend != "sim" and cfg.prompts.path is not None:  # a bad prompt file is refused before any server starts
+        from dynspec.bench import PromptError, file_prompts
+
+        try:
+            file_prompts(cfg.prompts.source, cfg.prompts.path, 1, cfg.output_len)
+        except PromptError as exc:
+            raise SweepError(str(exc)) from None
     run, writer, done = _prepare(cfg, backend, run_id, resume, Path(runs_dir), config_path)
     from dynspec.environment import collect_environment
 
