@@ -10,7 +10,6 @@ policy specs and import files.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np

@@ -179,7 +179,7 @@ def read_external(path: str | Path, **kwargs) -> list[dict]:
     text = read_text(path, ReaderError).strip()
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         return read_bench_serving(path, **kwargs)  # several lines: JSONL (or not JSON at all: it says where)
     if isinstance(obj, dict) and ("mean_e2e_latency_ms" in obj or "accept_length" in obj):
         return read_bench_serving(path, **kwargs)
