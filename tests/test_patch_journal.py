@@ -102,7 +102,6 @@ def kill_after(root: Path, op: str, k: int) -> list[str]:
                 break
     finally:
         proc.send_signal(signal.SIGKILL)
-        KILLS["n"] += 1
         proc.wait(10)
         proc.stdout.close()
     return seen
@@ -135,6 +134,7 @@ def test_every_interrupted_state_is_recovered_by_the_next_command(tree, capsys, 
     for k in range(1, n + 1):
         seen = kill_after(tree, op, k)
         assert len(seen) == k, seen
+        KILLS["n"] += 1
         assert state(tree) == patching.INTERRUPTED  # status recognises it, and changes nothing
         code = main(["patch", "status", "--sglang-path", str(tree)])
         out = capsys.readouterr().out
@@ -202,3 +202,17 @@ def test_symlinked_targets_and_backup_are_refused(tree, tmp_path):
     with pytest.raises(patching.Refusal, match="symbolic link"):
         patching.do_revert(target)
     assert a.is_symlink() and state(tree) == patching.PATCHED
+
+
+def test_a_journal_that_cannot_be_finished_changes_nothing(tree):
+    """Two renames to finish, the second one's temp gone and its file edited: refused before the first."""
+    target = patching.find_sglang(tree)
+    kill_after(tree, "apply", 1)  # journal written, nothing renamed yet
+    journal = json.loads((tree / "sglang" / patching.JOURNAL).read_text())
+    last = journal["renames"][-1]
+    (tree / last["tmp"]).unlink()
+    (tree / last["path"]).write_text("edited by hand\n")
+    before = tree_hashes(tree)
+    with pytest.raises(patching.Refusal, match="cannot finish the interrupted apply"):
+        patching.do_apply(target)
+    assert tree_hashes(tree) == before

@@ -529,6 +529,7 @@ def recover(target: Target, root: Path | None = None) -> str:
         j = read_json(jpath, Refusal)
         if not isinstance(j, dict) or j.get("op") not in ("apply", "revert") or not isinstance(j.get("renames"), list):
             raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
+        todo: list[tuple[Path, Path]] = []  # every entry is checked before the first rename
         for r in j["renames"]:
             if not isinstance(r, dict):
                 raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
@@ -538,14 +539,18 @@ def recover(target: Target, root: Path | None = None) -> str:
                 raise Refusal(f"{jpath}: damaged journal (temp {tmp} is not beside {path})")
             _check_no_links(target.root, [path, tmp])
             if tmp.is_file() and sha256(tmp.read_bytes()) == r.get("sha256"):
-                os.replace(tmp, path)
+                todo.append((tmp, path))
             elif not (path.is_file() and sha256(path.read_bytes()) == r.get("sha256")):
-                raise Refusal(f"cannot finish the interrupted {j['op']}: {path} is neither its old nor its new "
-                              f"version and its temp file is gone; nothing changed")
+                raise Refusal(f"cannot finish the interrupted {j['op']}: {path} is not its new version and its "
+                              f"temp file is gone; nothing changed")
+        gone = None
         if j.get("remove") is not None:
             gone = _journal_entry(target.root, j["remove"], "remove", jpath)
             if gone != target.backup:
                 raise Refusal(f"{jpath}: damaged journal (would remove {gone})")
+        for tmp, path in todo:
+            os.replace(tmp, path)
+        if gone is not None:
             shutil.rmtree(gone, ignore_errors=True)
         jpath.unlink()
         note = f"finished an interrupted {j['op']}; "
