@@ -24,3 +24,21 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     with pytest.raises(TypeError):
         write_text(path, 42)  # not text: fails inside the write
     assert path.read_text() == "old\n" and sorted(x.name for x in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_a_planted_temp_name_or_link_is_never_written_through(tmp_path):
+    from dynspec.atomic import open_append
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml.tmp").symlink_to(outside)  # the name the old writer used for its temp file
+    (run / "run.json.tmp").symlink_to(outside)
+    write_text(run / "config.yaml", "a: 1\n")
+    write_json(run / "run.json", {"a": 1})
+    assert outside.read_text() == "keep\n" and (run / "config.yaml").read_text() == "a: 1\n"
+    (run / "sweep.log").symlink_to(outside)
+    with pytest.raises(OSError):
+        open_append(run / "sweep.log")
+    assert outside.read_text() == "keep\n"

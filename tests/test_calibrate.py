@@ -368,7 +368,9 @@ def test_hf_config_gives_the_presets_shapes(tmp_path):
 
 
 @pytest.mark.parametrize("content,message", [
-    ("{not json", "not valid JSON"),
+    ("{not json", "not JSON"),
+    ("[" * 100_000 + "]" * 100_000, "config.json: not JSON (nested too deeply)"),
+    ("\udc80", "config.json: not UTF-8 text"),
     ("[1, 2]", "a config.json is a JSON object"),
     (json.dumps({k: v for k, v in LLAMA_8B_CONFIG.items() if k not in ("vocab_size", "hidden_size")}),
      "missing or not an integer: hidden_size, vocab_size"),
@@ -377,7 +379,7 @@ def test_hf_config_gives_the_presets_shapes(tmp_path):
 ])
 def test_bad_hf_config_is_one_line_naming_the_file(tmp_path, capsys, content, message):
     path = tmp_path / "config.json"
-    path.write_text(content)
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
     assert main(_with("--shape", str(path)) + ["--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dynspec calibrate: ") and message in err and err.count("\n") == 1

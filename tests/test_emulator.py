@@ -209,6 +209,13 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "x"}', 400, "max_tokens is required"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}', 400, "must be >= 1"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 4, "n": 2}', 400, "n and best_of"),
+    # issue 15: lone surrogates, a huge integer, deep nesting, best_of out of range
+    ("/generate", b'{"text": "\\ud800", "sampling_params": {"max_new_tokens": 4}}', 400, "surrogate"),
+    ("/v1/completions", b'{"prompt": "\\udfff x", "max_tokens": 4}', 400, "surrogate"),
+    ("/generate", b'{"input_ids": [' + b"9" * 5000 + b'], "sampling_params": {"max_new_tokens": 4}}', 400,
+     "malformed JSON"),
+    ("/generate", b'{"a":' * 100_000 + b"1" + b"}" * 100_000, 400, "malformed JSON"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 4, "best_of": 0}', 400, "n and best_of"),
 ]
 
 
@@ -266,6 +273,42 @@ def test_a_client_that_disconnects_mid_stream_does_not_disturb_the_others():
             assert m["sglang:num_running_reqs"] == 0 and m["sglang:num_queue_reqs"] == 0
             # The quitter stopped generating: fewer than 4 x 60 tokens were made.
             assert 3 * 60 < m["sglang:generation_tokens_total"] < 4 * 60
+
+    run(go())
+
+
+def test_a_rid_is_serialized_never_pasted_into_the_stream():
+    async def go():
+        async with serving(profile(), "eagle3") as (url, s):
+            rid = 'x"}\n\ndata: [DONE]\n\n'
+            body = {"input_ids": [1, 2], "stream": True, "rid": rid, "sampling_params": {"max_new_tokens": 5}}
+            async with s.post(url + "/generate", json=body) as r:
+                events = await sse(r)
+            assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+            assert all(e["meta_info"]["id"] == rid for e in events[:-1])
+
+    run(go())
+
+
+def test_a_non_streamed_request_whose_client_goes_is_aborted_between_tokens():
+    async def go():
+        # about 3 s of tokens, one every few milliseconds: the old 1 s idle check never fired
+        async with serving(profile(), "eagle3", time_scale=1.0) as (url, s):
+            body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2500}}
+
+            async def quitter():
+                async with aiohttp.ClientSession() as own:
+                    async with own.post(url + "/generate", json=body) as r:
+                        return await r.json()
+
+            task = asyncio.create_task(quitter())
+            await asyncio.sleep(0.3)
+            task.cancel()  # closes its connection mid-request
+            await asyncio.sleep(0.4)
+            async with s.get(url + "/metrics") as r:
+                m = parse_prometheus(await r.text())
+            assert m["dynspec_requests_aborted_total"] == 1 and m["sglang:num_running_reqs"] == 0
+            assert m["sglang:generation_tokens_total"] < 2500
 
     run(go())
 

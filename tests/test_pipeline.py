@@ -240,6 +240,10 @@ def test_index_is_newest_first_and_only_links_reports_that_exist(tmp_path):
     _summary(tmp_path, "half", "2026-03-01T00:00:00+00:00", with_report=False)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "summary.json").write_text("{not json")
+    for name, data in (("deep", b"[" * 100_000 + b"]" * 100_000), ("list", b"[1]"), ("latin1", b'{"a": "\xe9"}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_bytes(data)
+        (tmp_path / name / "report.html").write_text("x")
     page = pipeline.write_index(tmp_path).read_text()
     links = re.findall(r'href="([^"]+)"', page)
     assert links == ["new/report.html", "old/report.html"]
@@ -302,3 +306,63 @@ def test_each_notebook_runs_with_its_default_parameters(tmp_path):
     assert "no GPU" in env or "GPUs" in env
     patch = json.dumps([c.get("outputs") for c in run("01_patch").cells])
     assert "nothing changed" in patch
+
+
+# Published reports (issue 15, finding 1) -------------------------------------------------
+
+def _published_report(reports: Path, run_id: str, backend: str) -> Path:
+    """A committed report as a fresh clone has it: reports/<id>/ and no data/runs/<id>/."""
+    d = reports / run_id
+    d.mkdir(parents=True)
+    (d / "report.html").write_text("<html>published</html>")
+    (d / "summary.json").write_text(json.dumps({"backend": backend, "report": "report.html"}))
+    return d
+
+
+def test_a_published_report_is_never_replaced_without_overwrite(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    d = _published_report(reports, "published", "sim")
+    proc = run_pipeline("--config", str(tiny), "--run-id", "published", "--reports-dir", str(reports),
+                        "--runs-dir", str(runs), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "published report exists" in proc.stderr
+    assert (d / "report.html").read_text() == "<html>published</html>" and not runs.exists()
+    # --overwrite is the way to replace a sim report
+    pc = pipeline.resolve(tiny, run_id="published", overwrite=True, runs_dir=runs, reports_dir=reports)
+    assert pc.report_dir == d
+
+
+def test_a_published_live_report_is_never_replaced(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    d = _published_report(reports, "measured", "live")
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(pipeline.PipelineError, match="live"):
+            pipeline.resolve(tiny, run_id="measured", runs_dir=runs, reports_dir=reports, **kw)
+    assert (d / "report.html").read_text() == "<html>published</html>"
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "list", "link"])
+def test_overwrite_on_a_damaged_or_linked_run_folder_is_one_line(tmp_path, damage):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    runs = tmp_path / "runs"
+    run = runs / "x"
+    if damage == "link":
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "keep.txt").write_text("keep")
+        runs.mkdir()
+        run.symlink_to(outside)
+    else:
+        run.mkdir(parents=True)
+        (run / "run.json").write_text("{not json" if damage == "corrupt" else "[1, 2]")
+    proc = run_pipeline("--config", str(tiny), "--run-id", "x", "--overwrite", "--reports-dir",
+                        str(tmp_path / "reports"), "--runs-dir", str(runs), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and str(run) in proc.stderr
+    if damage == "link":
+        assert (tmp_path / "outside" / "keep.txt").read_text() == "keep"

@@ -61,6 +61,12 @@ BAD = [
     (_bad(provenance__kind="guessed"), "provenance.kind"),
     (_bad(colour="blue"), "colour: unknown key"),
     (_bad(steps__batch_size=[0, 5]), "batch_size must be positive"),
+    # issue 15: non-finite times, acceptance the engine cannot reach, booleans as numbers
+    (_bad(steps__plain_ms=[10, float("inf")]), "finite number"),
+    (_bad(steps__spec_ms=[float("nan"), 20]), "finite number"),
+    (_bad(acceptance__accept_length=float("inf")), "finite number"),
+    (_bad(acceptance__accept_length=4.0), "out of reach with 3 draft steps"),
+    (_bad(speculative__topk=True), "speculative.topk: Input should be a valid integer"),
 ]
 
 
@@ -196,3 +202,15 @@ def test_bad_catch_up_columns_are_refused(change, message):
                   {"context_len": 4096, "batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [15, 40]}]
     with pytest.raises(ProfileError, match="in every table or in none"):
         parse_profile(d)
+
+
+def test_a_valid_profile_never_fails_in_the_engine():
+    """What validation accepts, the engine can run: accept lengths up to the reachable edge."""
+    from dynspec.engine import Engine
+
+    for al in (1.01, 2.0, 3.0, 3.5, 3.9, 3.99, 4.0):
+        try:
+            prof = parse_profile(_bad(acceptance__accept_length=al))
+        except ProfileError:
+            continue
+        Engine(prof, policy=None)

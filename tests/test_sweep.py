@@ -305,3 +305,150 @@ def test_environment_reads_nvidia_smi_and_says_no_gpu_plainly(tmp_path, monkeypa
     assert "NODE" in info["topology"]
     env = collect_environment(probe_torch=False)
     assert env["packages"]["dynspec"] and env["gpu"]["count"] == 2 and env["torch_cuda"] is None
+
+
+# Issue 15: a misbehaving server, damaged run files ----------------------------------------
+
+NOT_HTTP = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+            "while True:\n c, _ = s.accept(); c.recv(4096); c.sendall(b'garbage, not HTTP\\r\\n\\r\\n'); c.close()")
+
+
+def test_a_server_answering_health_with_non_http_is_a_failure_row_and_the_sweep_goes_on(tmp_path):
+    data = yaml.safe_load(CI_TINY.read_text())
+    data.update(backend="live", model="/models/target", concurrency=[1], warmup_requests=0,
+                timeouts={"startup_s": 1.5, "level_s": 5, "request_s": 5, "shutdown_grace_s": 2},
+                arms=[{"name": "garbage", "launch": [sys.executable, "-c", NOT_HTTP, "{port}", "--port", "{port}"]},
+                      {"name": "later", "launch": [sys.executable, "-c", NOT_HTTP, "{port}", "--port", "{port}"]}])
+    res = run_sweep(parse_config(data), run_id="g", runs_dir=tmp_path, progress=False)
+    rows = by_key(rows_of(tmp_path / "g"))
+    assert res.failed and set(rows) == {("garbage", 1, 0), ("later", 1, 0)}
+    assert all(r["error"].startswith("server not started") for r in rows.values())
+
+
+def test_a_failure_while_measuring_a_level_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    from dynspec import sweep
+
+    calls = []
+
+    def boom(self, arm, c, r):
+        calls.append((arm.name, c))
+        raise ConnectionResetError("scrape went wrong")
+
+    monkeypatch.setattr(sweep._Sweep, "server_level", boom)
+    cfg = parse_config({**yaml.safe_load(CI_TINY.read_text()), "concurrency": [1, 4]})
+    res = run_sweep(cfg, backend="emulate", run_id="e", runs_dir=tmp_path, progress=False)
+    rows = by_key(rows_of(tmp_path / "e"))
+    assert res.failed and len(calls) == 4 and len(rows) == 4
+    assert all("ConnectionResetError: scrape went wrong" in r["error"] for r in rows.values())
+
+
+def _damage(run: Path, what: str) -> Path:
+    results = run / "results.csv"
+    if what == "garbage row":
+        with results.open("a") as f:
+            f.write("x,y,z\n")
+        return results
+    if what == "bad concurrency":
+        text = results.read_text().splitlines()
+        text[1] = text[1].replace(",1,0,", ",one,0,", 1)
+        results.write_text("\n".join(text) + "\n")
+        return results
+    if what == "bad header":
+        results.write_text("a,b,c\n" + results.read_text().split("\n", 1)[1])
+        return results
+    if what == "binary results":
+        results.write_bytes(bytes(range(256)) * 8)
+        return results
+    if what == "results a folder":
+        results.unlink()
+        results.mkdir()
+        return results
+    if what == "corrupt run.json":
+        (run / "run.json").write_text("{oops")
+        return run / "run.json"
+    if what == "list run.json":
+        (run / "run.json").write_text("[1, 2]")
+        return run / "run.json"
+    if what == "corrupt config.yaml":
+        (run / "config.yaml").write_text("arms: [unclosed\n")
+        return run / "config.yaml"
+    if what == "list config.yaml":
+        (run / "config.yaml").write_text("- 1\n")
+        return run / "config.yaml"
+    raise AssertionError(what)
+
+
+@pytest.mark.parametrize("what", ["garbage row", "bad concurrency", "bad header", "binary results",
+                                  "results a folder", "corrupt run.json", "list run.json", "corrupt config.yaml",
+                                  "list config.yaml"])
+def test_resume_refuses_damaged_run_files_in_one_line_naming_the_file(tmp_path, capsys, what):
+    from dynspec.cli import main
+
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="s", runs_dir=tmp_path, progress=False)
+    bad = _damage(tmp_path / "s", what)
+    before = {p: (p.read_bytes() if p.is_file() else None) for p in (tmp_path / "s").rglob("*")}
+    code = main(["sweep", "--config", str(CI_TINY), "--backend", "sim", "--run-id", "s", "--resume",
+                 "--runs-dir", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and str(bad) in err, err
+    assert {p: (p.read_bytes() if p.is_file() else None) for p in (tmp_path / "s").rglob("*")} == before
+
+
+def test_a_results_file_missing_only_its_final_newline_keeps_its_last_row(tmp_path):
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="s", runs_dir=tmp_path, progress=False)
+    results = tmp_path / "s" / "results.csv"
+    full = rows_of(tmp_path / "s")
+    results.write_text(results.read_text().rstrip("\n"))
+    res = run_sweep(load_config(CI_TINY), backend="sim", run_id="s", resume=True, runs_dir=tmp_path, progress=False)
+    assert rows_of(tmp_path / "s") == full and res.rows == len(full)
+    assert json.loads((tmp_path / "s" / "run.json").read_text())["sessions"][-1]["rows"] == 0  # nothing re-measured
+
+
+@pytest.mark.parametrize("link", ["config.yaml.tmp", "run.json.tmp", "logs/baseline.log", "requests/x.jsonl"])
+def test_resume_refuses_a_run_folder_holding_a_link(tmp_path, capsys, link):
+    from dynspec.cli import main
+
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="s", runs_dir=tmp_path, progress=False)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    (tmp_path / "s" / link).parent.mkdir(exist_ok=True)
+    (tmp_path / "s" / link).symlink_to(outside)
+    code = main(["sweep", "--config", str(CI_TINY), "--backend", "sim", "--run-id", "s", "--resume",
+                 "--runs-dir", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "symbolic link" in err and err.count("\n") == 1, err
+    assert outside.read_text() == "keep\n"
+
+
+def test_a_server_log_that_is_a_link_is_not_written_through(tmp_path):
+    from dynspec.servers import ArmServer
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    (tmp_path / "a.log").symlink_to(outside)
+    server = ArmServer("a", [sys.executable, "-c", "pass"], port=1, log_path=tmp_path / "a.log")
+    with pytest.raises(OSError):
+        server.start()
+    assert outside.read_text() == "keep\n" and server.proc is None
+
+
+def test_an_unresolvable_host_is_a_failure_row_per_level_not_a_crash(tmp_path):
+    cfg = parse_config({**yaml.safe_load(CI_TINY.read_text()), "host": "no-such-host.invalid"})
+    res = run_sweep(cfg, backend="emulate", run_id="h", runs_dir=tmp_path, progress=False)
+    rows = by_key(rows_of(tmp_path / "h"))
+    assert res.failed and len(rows) == 4
+    assert all(r["error"].startswith("server not started: gaierror") for r in rows.values()), rows
+
+
+def test_a_bad_prompt_file_is_refused_before_any_server_starts(tmp_path, capsys):
+    from dynspec.cli import main
+
+    for name, data in (("deep.json", b"[" * 100_000 + b"]" * 100_000), ("latin1.json", b'[{"a": "\xe9"}]')):
+        (tmp_path / name).write_bytes(data)
+        cfg = cfg_file(tmp_path, prompts={"source": "sharegpt", "path": name})
+        code = main(["sweep", "--config", str(cfg), "--run-id", "p", "--runs-dir", str(tmp_path / "runs"),
+                     "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and name in err, err
+        assert not (tmp_path / "runs").exists()

@@ -1,30 +1,41 @@
-"""Small files written whole or not at all: a temporary file beside the target, synced, renamed.
+"""Files written whole or not at all, and appends that never follow a link.
 
-A crash leaves the old file or the new one, never half of either.  (Results tables and
-request logs stream their own way: `results.ResultsWriter`, `bench.write_requests`.)
+write_text: a new temporary file beside the target (mkstemp: O_EXCL, so a planted name or
+symbolic link is never followed), synced, renamed over the target.  A crash leaves the
+old file or the new one, never half of either.  open_append: for logs and tables that grow
+a line at a time (results.ResultsWriter, the arms' server logs), refusing a link.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with tmp.open("w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the group that shares a run folder
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)  # only left when the write failed
+        Path(tmp).unlink(missing_ok=True)  # only left when the write failed
     return path
 
 
 def write_json(path: str | Path, data, indent: int = 2) -> Path:
     return write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
+
+
+def open_append(path: str | Path) -> BinaryIO:
+    """path opened to append bytes, created if missing; OSError (ELOOP) if it is a symbolic link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, "ab")

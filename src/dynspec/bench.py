@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from dynspec.jsonl import read_jsonl
+from dynspec.jsonl import read_json, read_jsonl
 from dynspec.results import RequestRecord
 
 # Matched unescaped (quote, name, quote, colon), so generated text containing it -- which
@@ -80,11 +80,11 @@ def _read_jsonl(path: Path, output_len: int) -> list[Prompt]:
         if not isinstance(obj, dict):
             raise PromptError(f"{path}:{i}: each line is an object with prompt or input_ids")
         n = obj.get("output_len", output_len)
-        if not isinstance(n, int) or n < 1:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise PromptError(f"{path}:{i}: output_len must be a positive integer")
         if isinstance(obj.get("input_ids"), list) and obj["input_ids"]:
             ids = obj["input_ids"]
-            if not all(isinstance(t, int) and t >= 0 for t in ids):
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
                 raise PromptError(f"{path}:{i}: input_ids must be non-negative integers")
             out.append(Prompt(n, input_ids=tuple(ids)))
         elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
@@ -95,10 +95,7 @@ def _read_jsonl(path: Path, output_len: int) -> list[Prompt]:
 
 
 def _read_sharegpt(path: Path, output_len: int) -> list[Prompt]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PromptError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(path, PromptError)
     if not isinstance(data, list):
         raise PromptError(f"{path}: a ShareGPT file is a JSON list of conversations")
     out = []
@@ -161,7 +158,7 @@ def _final_check(api: str, last: bytes, rec: RequestRecord) -> None:
     """Read what only the last chunk says: abort/error, prompt tokens, final token count."""
     try:
         obj = json.loads(last)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5000-digit number, nesting: nothing to read
         return
     if not isinstance(obj, dict):
         return
@@ -374,22 +371,16 @@ def run_level(base_url: str, prompts: Sequence[Prompt], concurrency: int, **kwar
 
 def write_requests(path: str | Path, requests: Iterable[RequestRecord]) -> Path:
     """Per-request records as JSONL, times relative to the level's first dispatch; atomic."""
-    import os
+    from dynspec.atomic import write_text
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     reqs = list(requests)
     t0 = min((r.start for r in reqs), default=0.0)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for r in reqs:
-            d = r.to_dict()
-            d["start"], d["end"] = r.start - t0, r.end - t0
-            f.write(json.dumps(d) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    lines = []
+    for r in reqs:
+        d = r.to_dict()
+        d["start"], d["end"] = r.start - t0, r.end - t0
+        lines.append(json.dumps(d) + "\n")
+    return write_text(path, "".join(lines))
 
 
 def read_requests(path: str | Path) -> list[RequestRecord]:

@@ -30,7 +30,24 @@ def main(argv: list[str] | None = None) -> int:
     for name in COMMANDS:
         importlib.import_module(name).add_cli(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, OSError, RecursionError, MemoryError) as exc:
+        # What a command did not turn into its own message: still one line, exit 2, never a traceback.
+        print(f"dynspec {args.command}: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message squeezed, or its kind when it has none."""
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "out of memory (input too large)"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename or ''}: {exc.strerror}".lstrip(": ")
+    return text[:300] or type(exc).__name__
 
 
 if __name__ == "__main__":

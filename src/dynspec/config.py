@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -24,26 +24,46 @@ PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {
 _PLACEHOLDER_PATH = re.compile(r"FILL[_ -]?ME|^/path/to/|<[^>]*>|TODO|CHANGEME", re.IGNORECASE)
 
 
+# Upper bounds: far beyond any real sweep, low enough that a typo (1e6 repeats, a level of
+# 10^30 requests) is refused instead of running for years or exhausting memory.
+MAX_CONCURRENCY = 65536
+MAX_TOKENS = 1 << 22  # input or output tokens per request
+MAX_PROMPTS = 1_000_000
+MAX_REPEATS = 100
+MAX_SECONDS = 7 * 24 * 3600.0  # any timeout
+MAX_TIME_SCALE = 10_000.0
+# Run ids name folders: a safe character set, one line, a bounded length.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def run_id_problem(run_id: str) -> str:
+    """Why run_id cannot name a run folder ("" when it can)."""
+    if RUN_ID.fullmatch(run_id):
+        return ""
+    return f"run id {run_id[:40]!r}: use at most 128 letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message is one line naming the file and the key."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's true is not 1 and 1e30 is not an integer; no .inf or .nan anywhere.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Timeouts(_Strict):
-    startup_s: float = Field(1800.0, gt=0)  # a TP-8 model load plus CUDA-graph capture takes minutes
-    level_s: float = Field(3600.0, gt=0)
-    request_s: float = Field(600.0, gt=0)
-    shutdown_grace_s: float = Field(30.0, ge=0)
+    startup_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)  # a TP-8 model load plus CUDA-graph capture takes minutes
+    level_s: float = Field(3600.0, gt=0, le=MAX_SECONDS)
+    request_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    shutdown_grace_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
 
 
 class Prompts(_Strict):
     source: Literal["random", "jsonl", "sharegpt"] = "random"
     path: str | None = None
     # Random prompts draw token ids below this; every tokenizer in use has at least 32000.
-    vocab_size: int = Field(32000, ge=2)
+    vocab_size: int = Field(32000, ge=2, le=1 << 24)
 
     @model_validator(mode="after")
     def _path(self) -> "Prompts":
@@ -55,7 +75,7 @@ class Prompts(_Strict):
 
 
 class Emulate(_Strict):
-    time_scale: float = Field(1.0, gt=0)  # the emulator runs this many times faster than the profile
+    time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)  # the emulator runs this many times faster than the profile
 
 
 class Arm(_Strict):
@@ -89,8 +109,10 @@ class Arm(_Strict):
     @classmethod
     def _env_strings(cls, v):
         # YAML turns 1 and true into numbers and booleans; the environment wants strings.
+        # Only scalars are turned into strings: a list or mapping (an alias, say) is left for the type check.
         if isinstance(v, dict):
-            return {str(k): ("1" if x is True else "0" if x is False else str(x)) for k, x in v.items()}
+            return {str(k): "1" if x is True else "0" if x is False else str(x) if isinstance(x, (int, float)) else x
+                    for k, x in v.items()}
         return v
 
     @property
@@ -108,15 +130,15 @@ class SweepConfig(_Strict):
     draft_model: str | None = None
     profile: str = "seed-blackwell"  # what the sim and emulate backends model
     host: str = "127.0.0.1"
-    concurrency: list[int] = Field(min_length=1)
-    num_prompts: int | None = Field(None, ge=1)  # None: max(prompts_per_client*C, min_prompts) per level
-    prompts_per_client: int = Field(5, ge=1)
-    min_prompts: int = Field(50, ge=1)
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(256, ge=1)
+    concurrency: list[Annotated[int, Field(le=MAX_CONCURRENCY)]] = Field(min_length=1, max_length=1024)
+    num_prompts: int | None = Field(None, ge=1, le=MAX_PROMPTS)  # None: max(prompts_per_client*C, min_prompts)
+    prompts_per_client: int = Field(5, ge=1, le=MAX_PROMPTS)
+    min_prompts: int = Field(50, ge=1, le=MAX_PROMPTS)
+    input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
+    output_len: int = Field(256, ge=1, le=MAX_TOKENS)
     prompts: Prompts = Prompts()
-    warmup_requests: int = Field(2, ge=0)
-    repeats: int = Field(1, ge=1)
+    warmup_requests: int = Field(2, ge=0, le=MAX_PROMPTS)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     seed: int = 0
     timeouts: Timeouts = Timeouts()
     emulate: Emulate = Emulate()

@@ -410,10 +410,15 @@ async def _read_json(request, model: type[BaseModel]):
         raise BadRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413) from None
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON body: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad syntax, bad UTF-8, a 5000-digit integer, deep nesting
+        why = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
+        raise BadRequest(f"malformed JSON body: {why}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
+    try:  # a "\ud800" escape decodes to a lone surrogate, which no response or tokenizer can encode
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("the body holds a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -535,20 +540,22 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
         return resp
 
     async def wait_done(request, stream: _Stream) -> bool:
-        """Wait for a non-streamed request; False (aborted) if its client disconnects."""
+        """Wait for a non-streamed request; False (aborted) if its client disconnects.  The
+        connection is checked at every step's tokens and, between them, every second."""
         while not stream.finished:
+            if request.transport is None or request.transport.is_closing():
+                emu.abort(stream)
+                return False
             try:
                 await asyncio.wait_for(stream.wait(), timeout=1.0)
             except asyncio.TimeoutError:
-                if request.transport is None or request.transport.is_closing():
-                    emu.abort(stream)
-                    return False
+                pass
         return True
 
     def meta(stream: _Stream, n: int, finished: bool) -> str:
         fr = '{"type":"length","length":%d}' % n if finished else "null"
-        return ('{"id":"%s","finish_reason":%s,"prompt_tokens":%d,"weight_version":"default",'
-                '"total_retractions":0,"completion_tokens":%d,"cached_tokens":0' % (stream.rid, fr,
+        return ('{"id":%s,"finish_reason":%s,"prompt_tokens":%d,"weight_version":"default",'
+                '"total_retractions":0,"completion_tokens":%d,"cached_tokens":0' % (json.dumps(stream.rid), fr,
                                                                                   stream.prompt_tokens, n))
 
     def meta_done(stream: _Stream, n: int) -> dict:
@@ -616,7 +623,7 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
                 input_len = count_text_tokens(body.prompt)
             wanted = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
             output_len = _output_len(wanted, "max_tokens")
-            if body.n != 1 or (body.best_of or 1) != 1:
+            if body.n != 1 or body.best_of not in (None, 1):
                 raise BadRequest("n and best_of must be 1 in the emulator")
             check_lengths(input_len, output_len)
         except BadRequest as exc:
@@ -648,8 +655,8 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
         opts = body.stream_options
         per_chunk = bool(opts and opts.continuous_usage_stats)
         final_usage = bool(opts and opts.include_usage)
-        head = ('data: {"id":"%s","object":"text_completion","created":%d,"model":%s,'
-                % (stream.rid, created, json.dumps(model)))
+        head = ('data: {"id":%s,"object":"text_completion","created":%d,"model":%s,'
+                % (json.dumps(stream.rid), created, json.dumps(model)))
 
         def chunk(lo: int, hi: int, finished: bool, final: bool = False) -> bytes:
             if final:

@@ -5,9 +5,10 @@ What `dynspec calibrate` builds with random weights; no torch needed to read the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from dynspec.jsonl import read_json
 
 
 class ShapeError(ValueError):
@@ -69,12 +70,7 @@ _HF_OPTIONAL = {"num_key_value_heads": "kv_heads", "rope_theta": "rope_theta", "
 
 def dims_from_hf_config(path: Path) -> ModelDims:
     """A dense decoder's shapes from its Hugging Face config.json (nothing downloaded)."""
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise ShapeError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ShapeError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    cfg = read_json(path, ShapeError)  # unreadable, not UTF-8, not JSON or nested too deeply: one line
     if not isinstance(cfg, dict):
         raise ShapeError(f"{path}: a config.json is a JSON object")
     cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's

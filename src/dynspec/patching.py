@@ -16,8 +16,12 @@ upstream bytes are kept in <sglang>/.dynspec-backup/ for revert, which restores
 them byte for byte (or, if the backup is gone, reverse-applies the series and
 checks the upstream hash).
 
-Exit status: 0 done (or nothing to do); 1 `status` found foreign-modified or
-unsupported-version; 2 refused (one line on stderr, nothing changed).
+Each apply and revert is journalled (<sglang>/.dynspec-journal.json, written before
+the first rename, removed after the last): one a crash interrupted is finished by the
+next apply or revert, and `status` says "interrupted" until then.
+
+Exit status: 0 done (or nothing to do); 1 `status` found foreign-modified,
+interrupted or unsupported-version; 2 refused (one line on stderr, nothing changed).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ MANIFEST = "manifest.json"
 EXIT_OK, EXIT_STATE, EXIT_REFUSED = 0, 1, 2
 
 UNPATCHED, PATCHED, FOREIGN, UNSUPPORTED = "unpatched", "patched", "foreign-modified", "unsupported-version"
+INTERRUPTED = "interrupted"
 
 
 class Refusal(Exception):
@@ -356,6 +361,9 @@ class Status:
 
 
 def status(target: Target, root: Path | None = None) -> Status:
+    if (target.pkg / JOURNAL).exists() or (target.pkg / JOURNAL).is_symlink():
+        return Status(INTERRUPTED, target, None, detail=f"an apply or revert was interrupted ({target.pkg / JOURNAL}); "
+                                                        f"`dynspec patch apply` or `revert` finishes it")
     if target.version is None:
         return Status(UNSUPPORTED, target, None, detail="cannot read sglang's version")
     ps = load_patchset(target.version, root)
@@ -393,7 +401,24 @@ def status(target: Target, root: Path | None = None) -> Status:
     return Status(FOREIGN, target, ps, current, detail)
 
 
-# --- writing: all files or none --------------------------------------------------------
+# --- writing: all files or none, across crashes -----------------------------------------
+#
+# Every new file is first a fsynced temp file beside its target.  Then a journal
+# (<sglang>/.dynspec-journal.json) lists each temp, its target and the new bytes' hash,
+# and only then do the renames start; the journal goes once the last one is done.  A
+# crash between renames leaves the journal, and the next apply or revert finishes the
+# renames from the temps (roll forward: every temp was complete before the first rename).
+
+JOURNAL = ".dynspec-journal.json"
+TMP_SUFFIX = ".dynspec-tmp"
+# Called with a label after the journal is written, after each rename and after the backup goes;
+# tests set it to widen the window in which a kill interrupts an operation.
+AFTER_STEP = None
+
+
+def _step(label: str) -> None:
+    if AFTER_STEP is not None:
+        AFTER_STEP(label)
 
 
 def _check_writable(paths: list[Path]) -> None:
@@ -403,54 +428,147 @@ def _check_writable(paths: list[Path]) -> None:
             raise Refusal(f"no write permission for {p}")
 
 
-def write_all(files: dict[Path, bytes]) -> None:
-    """Replace every file with new bytes, or none: temp files first, then os.replace
-    each, rolling back the replaced ones if any step fails."""
+def _check_no_links(root: Path, paths: list[Path]) -> None:
+    """Refuse a target, or a folder on the way to it below root, that is a symbolic link:
+    a rename would replace the link with a file, a write into a linked folder lands outside the tree."""
+    for p in paths:
+        rel = p.relative_to(root)
+        for k in range(2, len(rel.parts) + 1):  # the installed package folder itself may be a link
+            q = root.joinpath(*rel.parts[:k])
+            if q.is_symlink():
+                raise Refusal(f"{q} is a symbolic link; dynspec replaces regular files in real folders only")
+
+
+def _temp(path: Path, data: bytes, mode: int) -> Path:
+    """A new file beside path holding data, synced (mkstemp: O_EXCL, never follows a link)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, mode)
+    return Path(tmp)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(target: Target, files: dict[Path, bytes], *, op: str, remove: Path | None = None) -> None:
+    """Replace every file with new bytes, or none (then remove the folder `remove`), through the
+    journal; a failing rename rolls back the ones already done."""
+    root = target.root
+    _check_no_links(root, list(files) + [target.pkg / JOURNAL] + ([remove] if remove else []))
     temps: dict[Path, Path] = {}
     saved: dict[Path, bytes | None] = {}
     try:
         for path, data in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dynspec-tmp", dir=path.parent)
-            temps[path] = Path(tmp)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if path.exists():
-                os.chmod(tmp, path.stat().st_mode & 0o7777)
-                saved[path] = path.read_bytes()
-            else:
-                os.chmod(tmp, 0o644)
-                saved[path] = None
+            saved[path] = path.read_bytes() if path.exists() else None
+            temps[path] = _temp(path, data, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
+        journal = {"format": 1, "op": op,
+                   "renames": [{"path": str(p.relative_to(root)), "tmp": str(t.relative_to(root)),
+                                "sha256": sha256(files[p])} for p, t in temps.items()],
+                   "remove": str(remove.relative_to(root)) if remove else None}
+        os.replace(_temp(target.pkg / JOURNAL, (json.dumps(journal, indent=2) + "\n").encode(), 0o644),
+                   target.pkg / JOURNAL)
+        _fsync_dir(target.pkg)
     except OSError as exc:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
         if isinstance(exc, PermissionError):
             raise Refusal(f"no write permission for {exc.filename or 'a target directory'}") from None
         raise Refusal(f"cannot write ({exc}); nothing changed") from None
+    _step("journal")
     done: list[Path] = []
     try:
         for path, tmp in temps.items():
             os.replace(tmp, path)
             done.append(path)
+            _step(f"rename {path.relative_to(root)}")
     except OSError as exc:
         for path in done:  # roll back what was already replaced
             old = saved[path]
             if old is None:
                 path.unlink(missing_ok=True)
             else:
-                _restore(path, old)
+                os.replace(_temp(path, old, path.stat().st_mode & 0o7777), path)
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
+        (target.pkg / JOURNAL).unlink(missing_ok=True)
         raise Refusal(f"write failed ({exc}); rolled back, nothing changed") from None
+    for d in {p.parent for p in temps}:
+        _fsync_dir(d)
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
+        _step("remove")
+    (target.pkg / JOURNAL).unlink()
 
 
-def _restore(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dynspec-tmp", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+def _journal_entry(root: Path, rel: object, what: str, jpath: Path) -> Path:
+    """A path the journal names, only if it stays inside the tree (a planted journal moves nothing)."""
+    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise Refusal(f"{jpath}: damaged journal ({what} {rel!r}); remove it after checking the files")
+    return root / rel
+
+
+def recover(target: Target, root: Path | None = None) -> str:
+    """Finish an apply or revert a crash interrupted, and clear stray temp files;
+    returns what was done ("" when there was nothing)."""
+    jpath = target.pkg / JOURNAL
+    note = ""
+    if jpath.is_symlink():
+        raise Refusal(f"{jpath} is a symbolic link; remove it")
+    if jpath.exists():
+        from dynspec.jsonl import read_json
+
+        j = read_json(jpath, Refusal)
+        if not isinstance(j, dict) or j.get("op") not in ("apply", "revert") or not isinstance(j.get("renames"), list):
+            raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
+        todo: list[tuple[Path, Path]] = []  # every entry is checked before the first rename
+        for r in j["renames"]:
+            if not isinstance(r, dict):
+                raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
+            path = _journal_entry(target.root, r.get("path"), "path", jpath)
+            tmp = _journal_entry(target.root, r.get("tmp"), "tmp", jpath)
+            if tmp.parent != path.parent or not tmp.name.endswith(TMP_SUFFIX):
+                raise Refusal(f"{jpath}: damaged journal (temp {tmp} is not beside {path})")
+            _check_no_links(target.root, [path, tmp])
+            if tmp.is_file() and sha256(tmp.read_bytes()) == r.get("sha256"):
+                todo.append((tmp, path))
+            elif not (path.is_file() and sha256(path.read_bytes()) == r.get("sha256")):
+                raise Refusal(f"cannot finish the interrupted {j['op']}: {path} is not its new version and its "
+                              f"temp file is gone; nothing changed")
+        gone = None
+        if j.get("remove") is not None:
+            gone = _journal_entry(target.root, j["remove"], "remove", jpath)
+            if gone != target.backup:
+                raise Refusal(f"{jpath}: damaged journal (would remove {gone})")
+        for tmp, path in todo:
+            os.replace(tmp, path)
+        if gone is not None:
+            shutil.rmtree(gone, ignore_errors=True)
+        jpath.unlink()
+        note = f"finished an interrupted {j['op']}; "
+    _clean_strays(target, root)
+    return note
+
+
+def _clean_strays(target: Target, root: Path | None) -> None:
+    """Temp files an interrupted operation left before its journal was written."""
+    dirs = {target.pkg}
+    ps = load_patchset(target.version, root) if target.version is not None else None
+    for rel in ps.files if ps else ():
+        dirs |= {(target.root / rel).parent, (target.backup / rel).parent}
+    dirs.add(target.backup)
+    for d in dirs:
+        if d.is_dir() and not d.is_symlink():
+            for stray in d.glob(f".*{TMP_SUFFIX}"):
+                stray.unlink(missing_ok=True)
 
 
 # --- the operations --------------------------------------------------------------------
@@ -470,12 +588,24 @@ def _require(st: Status) -> PatchSet:
     return st.patchset
 
 
+def _begin(target: Target, dry_run: bool, root: Path | None) -> tuple[str, Status]:
+    """Before apply or revert: the backup folder must be real, an interrupted operation is finished."""
+    _check_no_links(target.root, [target.backup])
+    if dry_run:
+        st = status(target, root)
+        if st.state == INTERRUPTED:
+            raise Refusal(f"{st.detail} (a dry run changes nothing)")
+        return "", st
+    note = recover(target, root)
+    return note, status(target, root)
+
+
 def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
-    st = status(target, root)
+    note, st = _begin(target, dry_run, root)
     ps = _require(st)
     where = f"sglang {ps.version} at {target.pkg}"
     if st.state == PATCHED:
-        return Outcome(EXIT_OK, f"already patched: {where}; nothing changed")
+        return Outcome(EXIT_OK, f"{note}already patched: {where}" + ("" if note else "; nothing changed"))
     if st.state == FOREIGN:
         raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
     originals = {rel: data for rel, data in st.current.items() if data is not None}
@@ -498,7 +628,7 @@ def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None)
     writes.update({target.root / rel: data for rel, data in patched.items()})
     backup_existed = target.backup.exists()
     try:
-        write_all(writes)
+        write_all(target, writes, op="apply")
     except Refusal:
         if not backup_existed:
             shutil.rmtree(target.backup, ignore_errors=True)
@@ -506,7 +636,7 @@ def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None)
     after = status(target, root)
     if after.state != PATCHED:  # should not happen: every byte was checked above
         raise Refusal(f"apply left {where} {after.state}: {after.detail}")
-    return Outcome(EXIT_OK, f"patched: {where}: {len(patched)} files; upstream copies kept in {target.backup} for revert")
+    return Outcome(EXIT_OK, f"{note}patched: {where}: {len(patched)} files; upstream copies kept in {target.backup} for revert")
 
 
 def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> dict[str, bytes]:
@@ -534,11 +664,11 @@ def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> 
 
 
 def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
-    st = status(target, root)
+    note, st = _begin(target, dry_run, root)
     ps = _require(st)
     where = f"sglang {ps.version} at {target.pkg}"
     if st.state == UNPATCHED:
-        return Outcome(EXIT_OK, f"not patched: {where}; nothing to revert")
+        return Outcome(EXIT_OK, f"{note}not patched: {where}" + ("" if note else "; nothing to revert"))
     if st.state == FOREIGN:
         raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
     current = {rel: data for rel, data in st.current.items() if data is not None}
@@ -547,12 +677,11 @@ def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None
         return Outcome(EXIT_OK, f"would revert {where}: {len(upstream)} files ({', '.join(sorted(upstream))})")
     paths = [target.root / rel for rel in upstream]
     _check_writable(paths)
-    write_all({target.root / rel: data for rel, data in upstream.items()})
-    shutil.rmtree(target.backup, ignore_errors=True)
+    write_all(target, {target.root / rel: data for rel, data in upstream.items()}, op="revert", remove=target.backup)
     after = status(target, root)
     if after.state != UNPATCHED:
         raise Refusal(f"revert left {where} {after.state}: {after.detail}")
-    return Outcome(EXIT_OK, f"reverted: {where}: {len(upstream)} files restored byte for byte")
+    return Outcome(EXIT_OK, f"{note}reverted: {where}: {len(upstream)} files restored byte for byte")
 
 
 # --- command line ----------------------------------------------------------------------
@@ -595,7 +724,7 @@ def add_cli(sub) -> None:
                                    "Refusals exit 2 with one line and change nothing.")
     psub = p.add_subparsers(dest="patch_command", required=True, metavar="ACTION")
     helps = {
-        "status": "print one line: unpatched|patched|foreign-modified|unsupported-version, the version, the path",
+        "status": "print one line: unpatched|patched|foreign-modified|interrupted|unsupported-version, the version, the path",
         "apply": "patch sglang (atomic, idempotent; keeps what revert needs)",
         "revert": "restore every touched file byte for byte",
     }

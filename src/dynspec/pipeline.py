@@ -34,11 +34,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dynspec.atomic import write_text
+from dynspec.config import RUN_ID, run_id_problem
+from dynspec.jsonl import read_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
 KERNEL = "dynspec"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class PipelineError(RuntimeError):
@@ -52,7 +53,7 @@ class PipelineConfig(BaseModel):
 
     config: Path
     backend: Literal["sim", "emulate", "live"] = "sim"
-    run_id: str = Field(pattern=_RUN_ID.pattern)
+    run_id: str = Field(pattern=f"^{RUN_ID.pattern}$")
     resume: bool = False
     overwrite: bool = False
     runs_dir: Path
@@ -114,8 +115,8 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
         raise PipelineError("--resume needs the --run-id of the run to continue")
     if run_id is None:
         run_id = f"{cfg.name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"  # as dynspec.sweep names runs
-    if not _RUN_ID.match(run_id):
-        raise PipelineError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if run_id_problem(run_id):
+        raise PipelineError(run_id_problem(run_id))
     nb_dir = _abs(notebooks_dir) if notebooks_dir else REPO_ROOT / "notebooks"
     missing = [n for n in NOTEBOOKS if not (nb_dir / f"{n}.ipynb").is_file()]
     if missing:
@@ -142,18 +143,37 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
     except ValidationError as exc:
         err = exc.errors()[0]
         raise PipelineError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    run_exists = pc.run_dir.exists() and any(pc.run_dir.iterdir())
+    for d in (pc.run_dir, pc.report_dir):
+        if d.is_symlink():  # --overwrite would empty whatever it points at
+            raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
+    run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
+    # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
+    published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()
     if resume and not (pc.run_dir / "run.json").is_file():
         raise PipelineError(f"{pc.run_dir}: nothing to resume (no run.json there)")
     if run_exists and not (resume or overwrite):
         raise PipelineError(f"{pc.run_dir}: run folder exists; pass --resume to continue it, "
                             f"--overwrite to replace it, or another --run-id")
-    if overwrite and run_exists:
-        meta = pc.run_dir / "run.json"
-        old = json.loads(meta.read_text()).get("backend") if meta.is_file() else None
-        if old == "live" or backend == "live":
-            raise PipelineError(f"{pc.run_dir}: a live run is never overwritten; choose another --run-id")
+    if published and not (resume or overwrite):
+        raise PipelineError(f"{pc.report_dir}: a published report exists; pass --overwrite to replace it "
+                            f"or choose another --run-id")
+    if (run_exists or published) and (resume or overwrite):
+        old = {_backend_of(pc.run_dir / "run.json"), _backend_of(pc.report_dir / "summary.json")}
+        if overwrite and ("live" in old or backend == "live"):
+            raise PipelineError(f"{pc.report_dir}: a live run is never overwritten; choose another --run-id")
+        if resume and old - {None, backend}:  # the report would be cleared before the sweep refuses
+            raise PipelineError(f"{pc.run_dir}: was run with backend {(old - {None, backend}).pop()}, not {backend}")
     return pc
+
+
+def _backend_of(path: Path) -> str | None:
+    """The backend a run.json or summary.json names; None when the file is absent."""
+    if not path.exists():
+        return None
+    data = read_json(path, PipelineError)
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return str(data.get("backend"))
 
 
 # Kernel -------------------------------------------------------------------------------
@@ -325,9 +345,11 @@ def write_index(reports_dir: Path) -> Path:
     rows = []
     for f in sorted(reports_dir.glob("*/summary.json")):
         try:
-            s = json.loads(f.read_text())
-        except json.JSONDecodeError:
+            s = read_json(f, ValueError)
+        except ValueError:
             continue  # a half-written or foreign file: leave that run out rather than fail every index
+        if not isinstance(s, dict):
+            continue
         if (f.parent / s.get("report", "report.html")).is_file():
             rows.append((s.get("generated", ""), f.parent.name, s))
     rows.sort(key=lambda r: (r[0], r[1]), reverse=True)

@@ -50,6 +50,9 @@ def _check(args) -> int:
 
 def _bench(args) -> int:
     specs = [args.spec] if args.spec else BENCH_SPECS
+    if args.steps < 2:  # a median and a p99 need samples
+        print(f"dynspec policy bench: --steps must be at least 2, got {args.steps}", file=sys.stderr)
+        return 2
     last = 0.0
     for spec in specs:
         try:

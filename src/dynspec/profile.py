@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dynspec.typed_yaml import parse_model, read_yaml
+from dynspec.typed_yaml import loads_yaml, parse_model, read_yaml
 
 
 class ProfileError(ValueError):
@@ -24,7 +24,8 @@ class ProfileError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's true is not a step count; no .inf or .nan step times or acceptance.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Speculative(_Strict):
@@ -122,7 +123,8 @@ class Provenance(_Strict):
 
 
 class Profile(_Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True, ignored_types=(cached_property,))
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              ignored_types=(cached_property,))
 
     name: str
     description: str = ""
@@ -147,6 +149,12 @@ class Profile(_Strict):
                 f"acceptance.accept_length {self.acceptance.accept_length} exceeds "
                 f"1 + speculative.num_steps = {1 + self.speculative.num_steps}"
             )
+        from dynspec.engine import solve_mean_rate
+
+        try:  # within 1 + num_steps, but requests as unlike as `concentration` says may not reach it
+            solve_mean_rate(self.acceptance.accept_length, self.acceptance.concentration, self.speculative.num_steps)
+        except ValueError as exc:
+            raise ValueError(f"acceptance: {exc}") from None
         ctx = [t.context_len for t in self.steps]
         if len(ctx) > 1 and (None in ctx or any(a >= b for a, b in zip(ctx, ctx[1:]))):
             raise ValueError("steps: several tables need each a context_len, strictly increasing")
@@ -264,4 +272,4 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not res.is_file():
         known = ", ".join(shipped_profiles()) or "none"
         raise ProfileError(f"{name_or_path}: no such profile (shipped: {known}; or give a path to a .yaml file)")
-    return parse_profile(yaml.safe_load(res.read_text()), f"profile {name_or_path}")
+    return parse_profile(loads_yaml(res.read_text(), f"profile {name_or_path}", ProfileError), f"profile {name_or_path}")

@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from dynspec.jsonl import read_jsonl
+from dynspec.jsonl import read_json, read_jsonl, read_text
 from dynspec.results import make_row
 from dynspec.servers import dynspec_state
 
@@ -25,22 +25,39 @@ class ReaderError(ValueError):
 
 
 _METRICS = ("ttft", "tpot", "itl", "e2e")
+_MAX_COUNT = 2 ** 53  # counts above this are not exact as floats, and no benchmark runs that many requests
 
 
-def _num(d: dict, key: str) -> float:
+def _num(d: dict, key: str, where: str) -> float:
+    """A metric as a finite non-negative float; NaN when the file does not give it."""
     v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    if v is None:
+        return math.nan
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ReaderError(f"{where}: {key} is {str(v)[:40]!r}, not a finite non-negative number")
+    return float(v)
 
 
-def _policy(server_info) -> str:
+def _count(d: dict, key: str, where: str) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < _MAX_COUNT:
+        raise ReaderError(f"{where}: {key} is {str(v)[:40]!r}, not a count of requests")
+    return v
+
+
+def _policy(server_info, where: str) -> str:
     """What the server ran, as far as its /get_server_info says."""
-    if not isinstance(server_info, dict):
+    if server_info is None:
         return ""
+    if not isinstance(server_info, dict):
+        raise ReaderError(f"{where}: server_info is a {type(server_info).__name__}, not an object")
     block = dynspec_state(server_info)
     if block and block.get("policy"):
         return str(block["policy"])
     if isinstance(server_info.get("decode"), list) and server_info["decode"]:
         server_info = server_info["decode"][0]
+    if not isinstance(server_info, dict):
+        raise ReaderError(f"{where}: server_info.decode[0] is not an object")
     if "speculative_algorithm" in server_info:
         return "always" if server_info.get("speculative_algorithm") else "none"
     return ""
@@ -48,19 +65,26 @@ def _policy(server_info) -> str:
 
 def _concurrency(obj: dict, where: str) -> int:
     c = obj.get("max_concurrency")
-    if not isinstance(c, int) or isinstance(c, bool) or c < 1:
+    if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c < _MAX_COUNT:
         raise ReaderError(f"{where}: max_concurrency is {c!r}; only closed-loop runs "
                           f"(--max-concurrency N) fit the table's concurrency levels")
     return c
 
 
-def _failed(obj: dict) -> float:
-    if isinstance(obj.get("failed"), int):
-        return obj["failed"]
+def _failed(obj: dict, where: str) -> float:
+    if obj.get("failed") is not None:
+        return _count(obj, "failed", where)
     errors = obj.get("errors")
     if isinstance(errors, list):
         return sum(1 for e in errors if e)
     return math.nan
+
+
+def _text(v, where: str) -> str:
+    """A name for the arm column: a short string on one line."""
+    if not isinstance(v, str) or not v.isprintable() or len(v) > 200:
+        raise ReaderError(f"{where}: the arm name {str(v)[:40]!r} is not a printable string of at most 200 characters")
+    return v
 
 
 def _repeat(seen: dict, arm: str, c: int) -> int:
@@ -78,20 +102,21 @@ def _check(obj, where: str, needed: tuple[str, ...]) -> dict:
     return obj
 
 
-def _metrics(obj: dict, accept_key: str, e2e_key: str) -> dict:
-    """The metric columns both tools report, under their own names for two of them."""
+def _metrics(obj: dict, accept_key: str, e2e_key: str, where: str) -> dict:
+    """The metric columns both tools report, under their own names for two of them; each checked."""
     metrics = {
-        "completed": obj["completed"], "failed": _failed(obj), "duration_s": _num(obj, "duration"),
-        "total_input_tokens": _num(obj, "total_input_tokens"),
-        "total_output_tokens": _num(obj, "total_output_tokens"),
-        "output_throughput": _num(obj, "output_throughput"),
-        "request_throughput": _num(obj, "request_throughput"),
-        "accept_length": _num(obj, accept_key),
+        "completed": _count(obj, "completed", where), "failed": _failed(obj, where),
+        "duration_s": _num(obj, "duration", where),
+        "total_input_tokens": _num(obj, "total_input_tokens", where),
+        "total_output_tokens": _num(obj, "total_output_tokens", where),
+        "output_throughput": _num(obj, "output_throughput", where),
+        "request_throughput": _num(obj, "request_throughput", where),
+        "accept_length": _num(obj, accept_key, where),
     }
     for m in _METRICS:
         src = e2e_key if m == "e2e" else m
         for s in ("mean", "median", "p99"):
-            metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms")
+            metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms", where)
     return metrics
 
 
@@ -99,9 +124,9 @@ def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: 
                       profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
     c = _concurrency(obj, where)
-    metrics = _metrics(obj, "accept_length", "e2e_latency")
-    ids = dict(run_id=run_id, arm=arm or obj.get("tag") or obj.get("backend") or "bench_serving",
-               policy=_policy(obj.get("server_info")), backend=backend, profile=profile,
+    metrics = _metrics(obj, "accept_length", "e2e_latency", where)
+    ids = dict(run_id=run_id, arm=_text(arm or obj.get("tag") or obj.get("backend") or "bench_serving", where),
+               policy=_policy(obj.get("server_info"), where), backend=backend, profile=profile,
                concurrency=c, repeat=repeat)
     return make_row(ids, metrics)
 
@@ -128,9 +153,9 @@ def vllm_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
     obj = _check(obj, where, ("completed", "duration", "output_throughput"))
     c = _concurrency(obj, where)
     # vLLM's acceptance length counts the bonus token, as SGLang's does.
-    metrics = _metrics(obj, "spec_decode_acceptance_length", "e2el")
+    metrics = _metrics(obj, "spec_decode_acceptance_length", "e2el", where)
     spec = obj.get("spec_decode_acceptance_length") is not None
-    ids = dict(run_id=run_id, arm=arm or obj.get("label") or obj.get("backend") or "vllm",
+    ids = dict(run_id=run_id, arm=_text(arm or obj.get("label") or obj.get("backend") or "vllm", where),
                policy="always" if spec else "", backend=backend, profile=profile, concurrency=c, repeat=repeat)
     return make_row(ids, metrics)
 
@@ -141,10 +166,7 @@ def read_vllm_bench(path: str | Path, *, arm: str | None = None, run_id: str | N
     path = Path(path)
     if not path.is_file():
         raise ReaderError(f"{path}: no such file")
-    try:
-        obj = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReaderError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    obj = read_json(path, ReaderError)
     return [vllm_row(obj, where=str(path), arm=arm, run_id=run_id or path.stem, profile=profile,
                      backend=backend)]
 
@@ -154,11 +176,11 @@ def read_external(path: str | Path, **kwargs) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise ReaderError(f"{path}: no such file")
-    text = path.read_text().strip()
+    text = read_text(path, ReaderError).strip()
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError:
-        return read_bench_serving(path, **kwargs)  # several lines: JSONL
+    except (ValueError, RecursionError):
+        return read_bench_serving(path, **kwargs)  # several lines: JSONL (or not JSON at all: it says where)
     if isinstance(obj, dict) and ("mean_e2e_latency_ms" in obj or "accept_length" in obj):
         return read_bench_serving(path, **kwargs)
     return read_vllm_bench(path, **kwargs)
@@ -180,8 +202,10 @@ def _import(args) -> int:
         for f in args.files:
             rows += read_external(f, arm=args.arm, run_id=args.run_id, profile=args.profile)
         write_table(merge_repeats(rows), args.out)
-    except (ReaderError, ValueError) as exc:
-        print(f"dynspec import-results: {exc}", file=sys.stderr)
+    except (ReaderError, ValueError, OSError) as exc:
+        from dynspec.cli import one_line
+
+        print(f"dynspec import-results: {one_line(exc)}", file=sys.stderr)
         return 2
     print(f"{len(rows)} rows -> {args.out}")
     return 0

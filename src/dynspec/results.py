@@ -11,6 +11,7 @@ Warm-up requests never reach these functions.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from dynspec.atomic import open_append, write_text
 
 # Column order of every results file.  Names follow sglang.bench_serving where it has one.
 ID_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "concurrency", "repeat"]
@@ -122,30 +125,71 @@ class ResultsWriter:
             self._write_text(",".join(RESULT_COLUMNS) + "\n")
 
     def _write_text(self, text: str) -> None:
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.path)
+        write_text(self.path, text)
 
     def _repair(self) -> None:
+        _, torn = read_rows(self.path)
         text = self.path.read_text()
-        header = text.split("\n", 1)[0]
-        if header.split(",") != RESULT_COLUMNS:
-            raise ValueError(f"{self.path}: not a dynspec results file (header differs)")
-        if not text.endswith("\n"):
+        if torn:
             self._write_text(text[: text.rfind("\n") + 1])
+        elif not text.endswith("\n"):  # a whole last row that lost only its newline stays
+            self._write_text(text + "\n")
 
     def append(self, row: dict) -> None:
         row = make_row({k: v for k, v in row.items() if k in ID_COLUMNS},
                        {k: v for k, v in row.items() if k not in ID_COLUMNS})
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=RESULT_COLUMNS).writerow(row)
+        buf = io.StringIO(newline="")
+        csv.DictWriter(buf, fieldnames=RESULT_COLUMNS).writerow(row)
+        with open_append(self.path) as f:  # one write per row; never through a link
+            f.write(buf.getvalue().encode())
             f.flush()
             os.fsync(f.fileno())
 
     def done_keys(self) -> set[tuple[str, int, int]]:
         """(arm, concurrency, repeat) already measured: what --resume skips."""
-        with self.path.open(newline="") as f:
-            return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in csv.DictReader(f)}
+        return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in read_rows(self.path)[0]}
+
+
+def _row_problem(record: list[str]) -> str:
+    """Why a CSV record is not a results row ("" when it is one)."""
+    if len(record) != len(RESULT_COLUMNS):
+        return f"{len(record)} fields, not {len(RESULT_COLUMNS)}"
+    row = dict(zip(RESULT_COLUMNS, record))
+    for c in ("concurrency", "repeat"):
+        if not row[c].isdigit():
+            return f"{c} is {row[c][:20]!r}"
+    for c in METRIC_COLUMNS:
+        if c != "error" and row[c] not in ("", "nan"):
+            try:
+                float(row[c])
+            except ValueError:
+                return f"{c} is {row[c][:20]!r}"
+    return ""
+
+
+def read_rows(path: Path) -> tuple[list[dict], bool]:
+    """The rows of a results file and whether its last line is half-written (a crash mid-append:
+    no newline and not a whole row).  ValueError naming the file (and line) for anything else."""
+    from dynspec.jsonl import read_text
+
+    text = read_text(path, ValueError)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        records = [(reader.line_num, rec) for rec in reader]  # line_num: the record's last line
+    except csv.Error as exc:
+        raise ValueError(f"{path}:{reader.line_num}: not a results row ({exc})") from None
+    if not records or records[0][1] != RESULT_COLUMNS:
+        raise ValueError(f"{path}: not a dynspec results file (header differs)")
+    rows, torn = [], False
+    for i, (line, rec) in enumerate(records[1:], 1):
+        problem = _row_problem(rec)
+        if problem and i == len(records) - 1 and not text.endswith("\n"):
+            torn = True
+        elif problem:
+            raise ValueError(f"{path}:{line}: not a results row ({problem})")
+        else:
+            rows.append(dict(zip(RESULT_COLUMNS, rec)))
+    return rows, torn
 
 
 def write_table(rows: Sequence[dict], path: str | Path) -> Path:
@@ -155,6 +199,8 @@ def write_table(rows: Sequence[dict], path: str | Path) -> Path:
     path = Path(path)
     if path.suffix not in (".csv", ".parquet"):
         raise ValueError(f"{path}: results go to a .csv or .parquet file")
+    if len(path.name.encode()) > 250:  # refused before any folder is made for it
+        raise ValueError(f"{str(path)[:60]}...: file name too long")
     path.parent.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame([make_row({k: v for k, v in r.items() if k in ID_COLUMNS},
                                 {k: v for k, v in r.items() if k not in ID_COLUMNS}) for r in rows],

@@ -13,10 +13,9 @@ import math
 import statistics
 from pathlib import Path
 
-import yaml
-
 from dynspec.fit import FitError, FitSpec, Target, Workload
 from dynspec.profile import Acceptance, Prefill, Speculative
+from dynspec.typed_yaml import read_yaml
 
 # sglang.launch_server options -> Speculative fields
 _SPEC_FLAGS = {"--speculative-num-steps": "num_steps", "--speculative-eagle-topk": "topk",
@@ -56,10 +55,15 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     for p in (results, config_path):
         if not p.is_file():
             raise FitError(f"{run_dir}: no {p.name} (a dynspec sweep's run folder holds both)")
-    config = yaml.safe_load(config_path.read_text()) or {}
+    config = read_yaml(config_path, FitError, "run config") or {}
+    if not isinstance(config, dict):
+        raise FitError(f"{config_path}: a run config is a YAML mapping, got {type(config).__name__}")
     _arm(config, baseline_arm, "baseline")
     spec_arm = _arm(config, eagle3_arm, "eagle3")
-    df = read_table(results)
+    try:
+        df = read_table(results)
+    except (ValueError, OSError) as exc:
+        raise FitError(f"{results}: not a results table ({' '.join(str(exc).split())[:200]})") from None
     df = df[df["error"].fillna("") == ""]
     per_arm = {arm: df[df["arm"] == arm].groupby("concurrency") for arm in (baseline_arm, eagle3_arm)}
     tput = {arm: g["output_throughput"].mean().to_dict() for arm, g in per_arm.items()}

@@ -9,6 +9,7 @@ receive SIGTERM should dynspec die without stopping it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -21,6 +22,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dynspec.atomic import open_append
 
 DYNSPEC_COUNTERS = {  # /metrics name -> /get_server_info dynspec key
     "dynspec_steps_speculative_total": "steps_spec",
@@ -177,7 +180,7 @@ class ArmServer:
     # Lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
+        log = open_append(self.log_path)  # a planted link would send the server's output elsewhere
         header = (f"# dynspec: arm {self.name} started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
                   f"# dynspec command: {' '.join(self.argv)}\n# dynspec env: {json.dumps(self.env)}\n")
         log.write(header.encode())
@@ -217,7 +220,7 @@ class ArmServer:
                 status, _ = _get(self.base_url + "/health", timeout=5)
                 if status == 200:
                     return time.monotonic() - t0
-            except (OSError, urllib.error.URLError):
+            except (OSError, urllib.error.URLError, http.client.HTTPException):  # not up, or not speaking HTTP yet
                 pass
             if time.monotonic() - t0 > self.startup_timeout:
                 raise ServerError(f"arm {self.name}: not healthy after {self.startup_timeout:g}s")
@@ -258,11 +261,14 @@ class ArmServer:
         errors = []
         try:
             status, body = _get(self.base_url + "/get_server_info", timeout)
-            if status == 200:
-                snap.server_info = json.loads(body)
+            info = json.loads(body) if status == 200 else None
+            if isinstance(info, dict):
+                snap.server_info = info
+            elif status == 200:
+                errors.append("/get_server_info not a JSON object")
             else:
                 errors.append(f"/get_server_info HTTP {status}")
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError, RecursionError) as exc:
             errors.append(f"/get_server_info {type(exc).__name__}")
         try:
             status, body = _get(self.base_url + "/metrics", timeout)
@@ -270,7 +276,7 @@ class ArmServer:
                 snap.metrics = parse_prometheus(body.decode(errors="replace"))
             else:
                 errors.append(f"/metrics HTTP {status}")  # SGLang serves it only with --enable-metrics
-        except (OSError, urllib.error.URLError) as exc:
+        except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
             errors.append(f"/metrics {type(exc).__name__}")
         snap.error = "; ".join(errors)
         return snap
@@ -290,7 +296,7 @@ class ArmServer:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 reply = json.loads(r.read() or b"null")
-        except (OSError, urllib.error.URLError, ValueError):
+        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError, RecursionError):
             return False
         # SGLang 0.5.9 answers one boolean per data-parallel rank.
         replies = reply if isinstance(reply, list) else [reply]

@@ -20,11 +20,10 @@ error, the sweep goes on with the next arm, and the exit status says something f
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -32,10 +31,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.atomic import write_json, write_text
-from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml
-from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, summarize
+from dynspec.atomic import open_append, write_json, write_text
+from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml, run_id_problem
+from dynspec.jsonl import read_json
+from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, read_rows, summarize
 from dynspec.servers import dynspec_state
+from dynspec.typed_yaml import read_yaml
 
 log = logging.getLogger("dynspec.sweep")
 
@@ -43,7 +44,6 @@ log = logging.getLogger("dynspec.sweep")
 _MEASUREMENT_KEYS = ("model", "draft_model", "profile", "num_prompts", "input_len", "output_len", "prompts",
                      "warmup_requests", "seed")
 _ARM_KEYS = ("sim_arm", "launch", "env", "api")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class SweepError(RuntimeError):
@@ -110,24 +110,30 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         if resume:
             raise SweepError("--resume needs the --run-id of the run to continue")
         run_id = f"{cfg.name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not _RUN_ID.match(run_id):
-        raise SweepError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if run_id_problem(run_id):
+        raise SweepError(run_id_problem(run_id))
     run = _Run(runs_dir / run_id)
     new_cfg = cfg.model_dump(mode="json")
     if resume:
         if not (run.dir / "run.json").is_file() or not (run.dir / "config.yaml").is_file():
             raise SweepError(f"{run.dir}: nothing to resume (no run.json/config.yaml there)")
-        import yaml
-
-        run.info = json.loads((run.dir / "run.json").read_text())
+        # Every file the run continues from is checked before anything is written.
+        run.info = _read_object(run.dir / "run.json", read_json)
+        old_cfg = _read_object(run.dir / "config.yaml", lambda p, e: read_yaml(p, e, "run config"))
+        if (run.dir / "results.csv").exists():
+            try:
+                read_rows(run.dir / "results.csv")
+            except ValueError as exc:
+                raise SweepError(f"{exc}; repair or move the file, then --resume") from None
         if run.info.get("backend") != backend:
             raise SweepError(f"{run.dir}: was run with backend {run.info.get('backend')}, not {backend}")
-        diffs = _compare_for_resume(yaml.safe_load((run.dir / "config.yaml").read_text()), new_cfg)
+        diffs = _compare_for_resume(old_cfg, new_cfg)
         if diffs:
             raise SweepError(f"{run.dir}: the config changed what the measured rows mean "
                              f"({', '.join(diffs)}); start a new run instead of --resume")
     elif run.dir.exists() and any(run.dir.iterdir()):
         raise SweepError(f"{run.dir}: run folder exists; pass --resume to continue it or choose another --run-id")
+    _refuse_links(run.dir)
     for sub in ("requests", "scrapes", "logs"):
         (run.dir / sub).mkdir(parents=True, exist_ok=True)
     write_text(run.dir / "config.yaml", resolved_yaml(cfg))
@@ -144,31 +150,44 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
     return run, writer, done
 
 
+def _refuse_links(run_dir: Path) -> None:
+    """Every write goes into the run folder: a symbolic link in it (or it being one) would send
+    a write elsewhere, so the sweep refuses to start."""
+    links = [run_dir] if run_dir.is_symlink() else [p for p in run_dir.rglob("*") if p.is_symlink()]
+    if links:
+        raise SweepError(f"{links[0]}: is a symbolic link; a run folder holds regular files only")
+
+
+def _read_object(path: Path, read) -> dict:
+    data = read(path, SweepError)
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: expected a mapping, got {type(data).__name__}; repair or move the file")
+    return data
+
+
 def _settle_results(run_dir: Path) -> set:
     """Rows measured cleanly are done; rows with an error move to failures.csv to be measured again."""
     path = run_dir / "results.csv"
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(path)[0]
     good = [r for r in rows if not r.get("error")]
     bad = [r for r in rows if r.get("error")]
     if bad:
         fail_path = run_dir / "failures.csv"
         new = not fail_path.exists()
-        with fail_path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
-            if new:
-                w.writeheader()
-            w.writerows(bad)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+        if new:
             w.writeheader()
-            w.writerows(good)
+        w.writerows(bad)
+        with open_append(fail_path) as f:
+            f.write(buf.getvalue().encode())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+        w.writeheader()
+        w.writerows(good)
+        write_text(path, buf.getvalue())
     return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in good}
 
 
@@ -224,6 +243,13 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
         from dynspec.profile import load_profile
 
         profile = load_profile(cfg.profile)  # ProfileError (a ValueError) names the problem
+    if backend != "sim" and cfg.prompts.path is not None:  # a bad prompt file is refused before any server starts
+        from dynspec.bench import PromptError, file_prompts
+
+        try:
+            file_prompts(cfg.prompts.source, cfg.prompts.path, 1, cfg.output_len)
+        except PromptError as exc:
+            raise SweepError(str(exc)) from None
     run, writer, done = _prepare(cfg, backend, run_id, resume, Path(runs_dir), config_path)
     from dynspec.environment import collect_environment
 
@@ -282,8 +308,7 @@ class _Sweep:
         return self.failures > 0
 
     def total_rows(self) -> int:
-        with (self.run.dir / "results.csv").open(newline="") as f:
-            return sum(1 for _ in csv.DictReader(f))
+        return len(read_rows(self.run.dir / "results.csv")[0])
 
     def ids(self, arm, concurrency: int, repeat: int, policy: str) -> dict:
         return dict(run_id=self.run.info["run_id"], arm=arm.name, policy=policy, backend=self.backend,
@@ -323,10 +348,11 @@ class _Sweep:
 
         try:
             self.start_server(arm)
-        except ServerError as exc:
-            log.error("%s", exc)
+        except Exception as exc:  # whatever the server did, this arm fails and the next one runs
+            msg = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+            log.error("arm %s: %s", arm.name, msg)
             self.stop_server()
-            self.fail_levels(arm, pending, f"server not started: {exc}")
+            self.fail_levels(arm, pending, f"server not started: {msg}")
             return
         try:
             for i, (c, r) in enumerate(pending):
@@ -334,7 +360,11 @@ class _Sweep:
                     self.fail_levels(arm, pending[i:], f"server exited with code {self.server.returncode} "
                                                        f"before this level")
                     break
-                self.server_level(arm, c, r)
+                try:
+                    self.server_level(arm, c, r)
+                except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
+                    log.exception("%s: failed", level_name(arm.name, c, r))
+                    self.fail_levels(arm, [(c, r)], f"level failed: {type(exc).__name__}: {exc}")
         finally:
             self.stop_server()
 

@@ -127,7 +127,7 @@ def load_levels(cfg: TuneConfig):
     try:
         df = read_table(cfg.results)
     except ValueError as exc:
-        raise TuneError(str(exc)) from None
+        raise TuneError(f"{cfg.results}: {exc}" if str(cfg.results) not in str(exc) else str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a broken CSV/parquet: say which file, not a traceback
         raise TuneError(f"{cfg.results}: cannot read results ({type(exc).__name__}: {exc})") from None
     if cfg.run_id is not None:
@@ -435,7 +435,9 @@ def _run(args) -> int:
     try:
         rep = tune(cfg)
     except TuneError as exc:
-        print(f"dynspec tune: {exc}", file=sys.stderr)
+        from dynspec.cli import one_line
+
+        print(f"dynspec tune: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.out:
         for p in write_outputs(rep, cfg, Path(args.out)):
