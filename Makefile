@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: report test venv test-venv browser clean
+.PHONY: report test test-fast venv test-venv browser clean
 
 # What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
 $(VENV)/.installed: pyproject.toml
@@ -39,6 +39,10 @@ browser:
 
 test: test-venv browser
 	$(PY) -m pytest
+
+# The inner loop: everything but the tests that start real SGLang servers (about 6 minutes of them).
+test-fast: test-venv
+	$(PY) -m pytest -m "not slow"
 
 # The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.
 REPORT_CONFIG ?= configs/seed-blackwell.yaml

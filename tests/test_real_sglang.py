@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
+pytestmark = pytest.mark.slow
 
 from dynspec import realsglang  # noqa: E402
 from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
