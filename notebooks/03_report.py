@@ -51,6 +51,18 @@ display(Markdown(report.run_summary(run)))
 display(Markdown(report.findings(levels)))
 
 # %% [markdown]
+# ## Beside the compared runs
+#
+# Output throughput of this run and of each compared run (for a measured run, its simulated
+# twin: the same config through `dynspec sweep --backend sim`), per arm and level, and their
+# ratio. Empty when nothing is compared.
+
+# %%
+for o in others:
+    display(Markdown(f"**{o.run_id}** ({o.backend}, profile {o.profile})"))
+    display(HTML(report.versus(compared, run.run_id, o.run_id).to_html(index=False)))
+
+# %% [markdown]
 # ## Output throughput vs concurrency
 #
 # Lines: this run (compared runs, if any, in other line styles). Open squares: the

@@ -428,7 +428,8 @@ def _prepare_dirs(pc: PipelineConfig) -> None:
     save_settings(pc)
 
 
-def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False) -> Path:
+def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
+                 notebooks: tuple[str, ...] = NOTEBOOKS) -> Path:
     """Run every stage, printing each one's time; return the report's path."""
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -442,7 +443,7 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False) ->
 
     stage("kernel", lambda: ensure_kernel(pc.kernel))
     _prepare_dirs(pc)
-    for name in NOTEBOOKS:
+    for name in notebooks:
         stage(name, lambda name=name: execute_notebook(pc, name, log_output))
     report = stage("render html", lambda: render_html(pc.report_dir / "03_report.ipynb",
                                                       pc.report_dir / "report.html", f"dynspec report: {pc.run_id}"))
@@ -451,6 +452,34 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False) ->
     echo(f"index:  {index}")
     echo(f"report: {report}")
     return report
+
+
+def resolve_report(run_dir: str | Path, *, reports_dir: str | Path = "reports", overwrite: bool = False,
+                   compare_runs=(), reference: str | Path | None = "default") -> PipelineConfig:
+    """A report of a run that exists (measured elsewhere, or interrupted): nothing is run again."""
+    run_dir = _abs(run_dir)
+    try:
+        backend = json.loads((run_dir / "run.json").read_text())["backend"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PipelineError(f"{run_dir}: not a run folder with a readable run.json ({type(exc).__name__})") from None
+    if (_abs(reports_dir) / run_dir.name).exists() and not overwrite:
+        raise PipelineError(f"{_abs(reports_dir) / run_dir.name}: a report exists; pass --overwrite to replace it")
+    return resolve(run_dir / "config.yaml", backend=backend, run_id=run_dir.name, resume=True,
+                   runs_dir=run_dir.parent, reports_dir=reports_dir, compare_runs=compare_runs, reference=reference)
+
+
+def _report_main(args) -> int:
+    try:
+        pc = resolve_report(args.run_dir, reports_dir=args.reports_dir, overwrite=args.overwrite,
+                            compare_runs=args.compare, reference=None if args.no_reference else "default")
+        run_pipeline(pc, notebooks=("03_report",))
+    except PipelineError as exc:
+        print(f"dynspec report: {exc}", file=sys.stderr)
+        return 2
+    except NotebookFailed as exc:
+        print(f"dynspec report: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # CLI ----------------------------------------------------------------------------------
@@ -514,3 +543,11 @@ def add_cli(sub) -> None:
     p.add_argument("--sglang-path", help="the SGLang installation 01_patch looks at (default: the installed one)")
     p.add_argument("--verbose", action="store_true", help="echo every cell's output while it runs")
     p.set_defaults(func=_main)
+    r = sub.add_parser("report", help="render reports/<run-id>/report.html from an existing run folder (runs nothing)")
+    r.add_argument("run_dir", help="a run folder, e.g. data/runs/h200-llama8b-live")
+    r.add_argument("--reports-dir", default="reports", help="where reports go (default: reports)")
+    r.add_argument("--compare", action="append", default=[], metavar="RUN_DIR",
+                   help="another run folder to draw beside this one, e.g. its simulated twin (repeatable)")
+    r.add_argument("--no-reference", action="store_true", help="leave the seed's numbers out of the report")
+    r.add_argument("--overwrite", action="store_true", help="replace this run's existing report")
+    r.set_defaults(func=_report_main)

@@ -404,7 +404,8 @@ def banner(run: Run) -> str:
         return (f"Emulated: these numbers are simulated from profile {run.profile}, served in real time by "
                 f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU." + catch_up_note(run.profile))
     hw = f" on {run.hardware}" if run.hardware else ""
-    return f"Measured live{hw} (backend {backend or 'unknown'})."
+    what = str(run.config.get("description") or "").strip()
+    return f"Measured live{hw} (backend {backend or 'unknown'})." + (f" What ran: {what}" if what else "")
 
 
 def headline(run: Run) -> dict:
@@ -733,3 +734,13 @@ def speculation_figure(levels: pd.DataFrame):
     _legend_outside(a2)
     fig.tight_layout()
     return fig
+
+
+def versus(levels: pd.DataFrame, run_id: str, other_id: str, value: str = "output_throughput") -> pd.DataFrame:
+    """This run's value beside a compared run's (e.g. its simulated twin), per arm and level,
+    with their ratio other/this: where a model and a measurement agree, and by how much they miss."""
+    this = levels[levels["run_id"] == run_id].set_index(["arm", "concurrency"])[value]
+    other = levels[levels["run_id"] == other_id].set_index(["arm", "concurrency"])[value]
+    out = pd.DataFrame({run_id: this, other_id: other}).dropna()
+    out[f"{other_id} / {run_id}"] = out[other_id] / out[run_id]
+    return out.round(3).reset_index()
