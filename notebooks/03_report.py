@@ -90,11 +90,13 @@ display(report.wide(report.speedup_table(levels), "speedup", digits=3))
 # the envelope. How close each arm comes to it, level by level and overall:
 
 # %%
-report.envelope_figure(levels);
-
-# %%
-display(report.wide(report.envelope_table(levels), "of_envelope", digits=3))
-display(report.envelope_summary(levels).round(3))
+base_arm, spec_arm = report.roles(levels)
+if base_arm and spec_arm:
+    report.envelope_figure(levels)
+    display(report.wide(report.envelope_table(levels), "of_envelope", digits=3))
+    display(report.envelope_summary(levels).round(3))
+else:
+    display(Markdown("*No envelope: this run has no plain (baseline) arm or no always-speculating arm.*"))
 
 # %% [markdown]
 # ## Latency: TTFT and TPOT
