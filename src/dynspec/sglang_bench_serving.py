@@ -16,20 +16,23 @@ import sys
 from pathlib import Path
 
 
-def build_tiny_tokenizer(dest: str | Path, vocab_size: int = 32000) -> Path:
-    """A word-level tokenizer of vocab_size tokens ("[UNK]", "[PAD]", "w2", "w3", ...) in dest."""
+def build_tiny_tokenizer(dest: str | Path, vocab_size: int = 32000, specials: tuple[str, ...] = ("[UNK]", "[PAD]"),
+                         **config) -> Path:
+    """A word-level tokenizer of vocab_size tokens (the specials, then "w<i>") in dest;
+    `config` adds to or overrides its tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    vocab = {"[UNK]": 0, "[PAD]": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    vocab = {w: i for i, w in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "pad_token": "[PAD]",
-        "model_max_length": 1 << 20}))
+        "model_max_length": 1 << 20, **config}))
     return dest
 
 

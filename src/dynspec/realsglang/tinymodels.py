@@ -56,17 +56,10 @@ def _llama_config(s: TinyShape, **over) -> dict:
 
 
 def _tokenizer_files(folder: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from dynspec.sglang_bench_serving import build_tiny_tokenizer
 
-    vocab = {w: i for i, w in enumerate(SPECIAL)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "bos_token": "<s>",
-        "eos_token": "</s>", "pad_token": "[UNK]", "model_max_length": 4096}))
+    build_tiny_tokenizer(folder, vocab_size, SPECIAL, pad_token="[UNK]", bos_token="<s>", eos_token="</s>",
+                         model_max_length=4096)
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
 
 
