@@ -262,6 +262,7 @@ def make_worker(sg, cls_module, args, policy=None, graphs=None):
     if cls_module is sg.ew:
         w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
         w._dynspec_graphs = graphs
+        w._dynspec_graph_model = None  # FakeTargetRunner has no model attribute
         w._dynspec_stale = torch.zeros(pool.req_to_token.shape[0], dtype=torch.bool)
         w._dynspec_resume_pending = False
     return w, trace
@@ -464,6 +465,28 @@ def test_switches_in_both_directions_keep_inputs_well_formed(sg, env):
         assert same(t["input_ids"], inp.verified_id.long()) and same(t["seq_lens"], inp.seq_lens + 1)
     st = w.dynspec.stats()
     assert (st["steps_spec"], st["steps_plain"], st["switches"], st["resumes"]) == (3, 3, 4, 2)
+
+
+def test_replaced_target_model_drops_the_plain_graphs(sg, env, caplog):
+    """update_weights_from_disk swaps in a new model: graphs captured on the old one would
+    replay stale weights, so plain steps go eager (one warning)."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, False]), graphs=("plain-decode-graphs", "plain-attn"))
+    drive(sg, w, 1)
+    assert trace[0][1]["graph_runner"] == "plain-decode-graphs"
+    w.target_worker.model_runner.model = object()  # what ModelRunner.update_weights_from_disk does
+    trace.clear()
+    with caplog.at_level(logging.WARNING):
+        drive(sg, w, 1)
+    assert trace[0][1]["graph_runner"] is None and w._dynspec_graphs is None
+    assert "target model was replaced" in caplog.text
+
+
+def test_min_p_batch_keeps_speculating(sg, env):
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False]))
+    info = SimpleNamespace(acc_linear_penalties=None, logit_bias=None, has_custom_logit_processor=False,
+                           need_min_p_sampling=True)
+    drive(sg, w, 1, sampling_info=info)
+    assert trace.kinds()[:2] == ["draft", "verify"] and w.dynspec.forced_spec == 1
 
 
 def test_grammar_batch_keeps_speculating(sg, env):
