@@ -19,7 +19,6 @@ import sys
 from typing import Callable
 
 _HOOKS: dict[str, list[Callable]] = {}
-APPLIED: list[str] = []  # "module: patch" for every patch applied in this process
 
 
 def after_import(module: str, *, when: str = "always"):
@@ -31,7 +30,6 @@ def after_import(module: str, *, when: str = "always"):
             cuda = torch.cuda.is_available()
             if when == "always" or (when == "cpu") != cuda:
                 fn(mod)
-                APPLIED.append(f"{module}: {fn.__name__}")
         _HOOKS.setdefault(module, []).append(run)
         return fn
     return register
