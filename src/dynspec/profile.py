@@ -2,7 +2,7 @@
 
 One YAML format serves the goodput policy (its priors), the simulator, the emulator
 and GPU calibration.  Times are in milliseconds in the file and seconds in code.
-The format is documented in the README ("Profile format").
+The format is documented in docs/PROFILES.md.
 """
 
 from __future__ import annotations
