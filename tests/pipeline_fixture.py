@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TINY_CONFIG = """\
 name: tiny
+backend: sim
 hardware: CI (simulated)
 profile: seed-blackwell
 concurrency: [1, 4, 16]

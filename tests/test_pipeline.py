@@ -366,3 +366,25 @@ def test_overwrite_on_a_damaged_or_linked_run_folder_is_one_line(tmp_path, damag
     assert "Traceback" not in proc.stderr and str(run) in proc.stderr
     if damage == "link":
         assert (tmp_path / "outside" / "keep.txt").read_text() == "keep"
+
+
+def test_backend_defaults_to_the_configs(tmp_path):
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(TINY_CONFIG)
+    assert pipeline.resolve(tiny, run_id="a", runs_dir=tmp_path / "runs").backend == "sim"
+    tiny.write_text(TINY_CONFIG.replace("backend: sim", "backend: emulate"))
+    assert pipeline.resolve(tiny, run_id="b", runs_dir=tmp_path / "runs").backend == "emulate"
+    tiny.write_text(TINY_CONFIG.replace("backend: sim\n", ""))  # a sweep config is live unless it says otherwise
+    with pytest.raises(pipeline.PipelineError, match="model: fill in"):
+        pipeline.resolve(tiny, run_id="c", runs_dir=tmp_path / "runs")
+
+
+def test_version_and_index_column(tmp_path, capsys):
+    from dynspec import __version__
+    from dynspec.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"dynspec {__version__}"
+    page = pipeline.write_index(tmp_path).read_text()
+    assert "switching arm / best static arm per level" in page and "best policy" not in page

@@ -25,7 +25,10 @@ COMMANDS = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dynspec import __version__
+
     parser = argparse.ArgumentParser(prog="dynspec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dynspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).add_cli(sub)

@@ -92,7 +92,7 @@ def _abs(p: str | Path) -> Path:
     return Path(p).expanduser().resolve()
 
 
-def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = None, resume: bool = False,
+def resolve(config: str | Path, *, backend: str | None = None, run_id: str | None = None, resume: bool = False,
             overwrite: bool = False, runs_dir: str | Path = "data/runs", reports_dir: str | Path = "reports",
             notebooks_dir: str | Path | None = None, reference: str | Path | None = "default",
             compare_runs=(), kernel: str = KERNEL, cell_timeout_s: float | None = None,
@@ -103,6 +103,7 @@ def resolve(config: str | Path, *, backend: str = "sim", run_id: str | None = No
 
     try:
         cfg = load_config(config)
+        backend = backend or cfg.backend  # the config says where its numbers come from
         if backend == "live":
             check_live(cfg, str(config))
         else:
@@ -354,7 +355,7 @@ def write_index(reports_dir: Path) -> Path:
             rows.append((s.get("generated", ""), f.parent.name, s))
     rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
     heads = ["date", "run (report)", "config", "hardware", "backend", "baseline peak", "EAGLE-3 peak",
-             "EAGLE-3 crossover", "best policy: share of envelope (mean)"]
+             "EAGLE-3 crossover", "switching arm / best static arm per level: mean (worst)"]
     body = "\n".join(_index_row(run_id, s) for _, run_id, s in rows) or \
         f'<tr><td colspan="{len(heads)}">no reports yet: run <code>make report</code></td></tr>'
     page = f"""<!DOCTYPE html>
@@ -520,8 +521,8 @@ def _main(args) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser("pipeline", help="run the notebooks for a config and publish reports/<run-id>/report.html")
     p.add_argument("--config", required=True, help="sweep config (YAML), e.g. configs/seed-blackwell.yaml")
-    p.add_argument("--backend", choices=("sim", "emulate", "live"), default="sim",
-                   help="sim (default: in-process, virtual time), emulate, or live SGLang servers")
+    p.add_argument("--backend", choices=("sim", "emulate", "live"), default=None,
+                   help="sim (in-process, virtual time), emulate, or live SGLang servers (default: the config's)")
     p.add_argument("--run-id", help="run and report folder name (default: <config name>-<backend>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the sweep of --run-id, then report")
     p.add_argument("--overwrite", action="store_true",
