@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: report test test-fast venv test-venv browser clean
+.PHONY: report publish test test-fast venv test-venv browser clean
 
 # What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
 $(VENV)/.installed: pyproject.toml
@@ -45,9 +45,15 @@ test-fast: test-venv
 	$(PY) -m pytest -m "not slow"
 
 # The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.
+# `make report` writes into build/ (ignored), so a checkout stays clean; `make publish`
+# regenerates the committed report under reports/.
 REPORT_CONFIG ?= configs/seed-blackwell.yaml
 REPORT_RUN_ID ?= seed-blackwell-sim
 report: venv
+	$(PY) -m dynspec pipeline --config $(REPORT_CONFIG) --backend sim --run-id $(REPORT_RUN_ID) --overwrite \
+		--runs-dir build/runs --reports-dir build/reports
+
+publish: venv
 	$(PY) -m dynspec pipeline --config $(REPORT_CONFIG) --backend sim --run-id $(REPORT_RUN_ID) --overwrite
 
 clean:
