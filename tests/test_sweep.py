@@ -452,3 +452,32 @@ def test_a_bad_prompt_file_is_refused_before_any_server_starts(tmp_path, capsys)
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and name in err, err
         assert not (tmp_path / "runs").exists()
+
+
+DYING_SERVER = '''
+import http.server, os, sys, threading, time
+port = int(sys.argv[1])
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = b"{}" if self.path != "/metrics" else b""
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        # Close every connection, then die a second later: the requests fail before the exit.
+        self.close_connection = True
+        self.connection.close()
+        threading.Thread(target=lambda: (time.sleep(1.0), os._exit(3)), daemon=True).start()
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def test_a_crash_is_reported_as_the_crash_even_when_the_exit_lags_the_closed_sockets(tmp_path):
+    (tmp_path / "dying.py").write_text(DYING_SERVER)
+    cfg = load_config(cfg_file(tmp_path, backend="live", model="/m", concurrency=[1], num_prompts=2,
+                               warmup_requests=0,
+                               arms=[{"name": "dying", "launch": f"{{python}} {tmp_path / 'dying.py'} {{port}}"}]))
+    result = run_sweep(cfg, run_id="dying", runs_dir=tmp_path / "runs", progress=False)
+    assert result.failed
+    (row,) = rows_of(tmp_path / "runs/dying")
+    assert row["error"].startswith("server exited with code 3 during the level"), row["error"]

@@ -195,6 +195,16 @@ class ArmServer:
         finally:
             log.close()  # the child holds its own copy
 
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the process to end; True if it has."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

@@ -444,6 +444,10 @@ class _Sweep:
         reset = server.reset_accept_counters(before.server_info)
         result = run_level(server.base_url, prompts, c, **common, level_timeout=cfg.timeouts.level_s,
                            progress=self.progress, desc=name)
+        if any(not r.ok for r in result.requests):
+            # A dying server closes its sockets before it can be reaped: give it a moment, so that
+            # a crash is reported as the crash rather than as the failed requests it caused.
+            server.wait_exit(2.0)
         after = server.scrape() if server.alive() else before
         counters = level_counters(before, after, accept_reset=reset)
         if not reset and not math.isnan(counters["accept_length"]):
