@@ -42,6 +42,7 @@ others = [report.load_run(d) for d in compare_runs]
 compared = report.level_table(pd.concat([run.results] + [o.results for o in others], ignore_index=True))
 ref = report.load_reference(reference) if reference else None
 display(HTML(report.banner_html(run)))
+display(Markdown(f"**{report.headline_sentence(levels)}**"))
 display(Markdown(report.run_summary(run)))
 
 # %% [markdown]

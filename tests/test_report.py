@@ -339,3 +339,17 @@ def test_banner_states_the_profiles_catch_up_cost():
     assert f"{p.catch_up_time(1) / p.plain_time(1):.1%} of a plain step at batch 1" in note and "1.3%" in note
     assert "KV-only" in note and "5.5% .. 5.5% of a plain step (resume_ms)" in note
     assert report.catch_up_note("no-such-profile") == ""
+
+
+def test_headline_says_who_wins_where_and_how_close_the_switching_arm_comes():
+    text = report.headline_sentence(_levels())
+    assert text.startswith("Speculation paid at low load and stopped paying as load grew (eagle3 0.44x to 1.50x")
+    assert "dynamic kept 94.3% of the better static arm per level on average and 93.33% at worst (C=1)" in text
+    assert text.endswith("short of its 97% target.")
+    never = {"baseline": THROUGHPUT["baseline"], "eagle3": {c: t / 2 for c, t in THROUGHPUT["baseline"].items()},
+             "dynamic": {c: t * 0.98 for c, t in THROUGHPUT["baseline"].items()}}
+    text = report.headline_sentence(_levels(throughput=never))
+    assert text.startswith("Speculation never paid here: baseline won at every level (eagle3 0.50x to 0.50x")
+    assert "98.00% at worst" in text and text.endswith("meeting its 97% target.")
+    only_plain = {"baseline": THROUGHPUT["baseline"]}
+    assert report.headline_sentence(_levels(throughput=only_plain)).startswith("No answer from this run")

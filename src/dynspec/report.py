@@ -744,3 +744,32 @@ def versus(levels: pd.DataFrame, run_id: str, other_id: str, value: str = "outpu
     out = pd.DataFrame({run_id: this, other_id: other}).dropna()
     out[f"{other_id} / {run_id}"] = out[other_id] / out[run_id]
     return out.round(3).reset_index()
+
+
+DYNAMIC_TARGET = 0.97  # what a switching arm should keep of the better static arm, level by level
+
+
+def headline_sentence(levels: pd.DataFrame) -> str:
+    """The report's answer in one sentence: which static arm wins where, and how much of the better
+    one, level by level, each switching arm keeps (against its target)."""
+    base, spec = roles(levels)
+    if base is None or spec is None:
+        return "No answer from this run: it needs a plain (baseline) arm and an always-speculating arm."
+    cross = crossover(levels, spec)
+    sp = speedup_table(levels)
+    s = sp.loc[sp["arm"] == spec].groupby("concurrency")["speedup"].mean()
+    wins = f"{spec} {s.min():.2f}x to {s.max():.2f}x of {base}"
+    if cross.status == "never-pays":
+        first = f"Speculation never paid here: {base} won at every level ({wins})."
+    elif cross.status == "always-pays":
+        first = f"Speculation paid at every level ({wins})."
+    else:
+        first = f"Speculation paid at low load and stopped paying as load grew ({wins}; {cross.describe()})."
+    plain, specs = static_arms(levels)
+    summ = envelope_summary(levels)
+    dyn = summ.loc[~summ["arm"].isin(plain + specs)]
+    parts = [f"{r.arm} kept {r.mean_of_envelope:.1%} of the better static arm per level on average and "
+             f"{r.worst_of_envelope:.2%} at worst (C={int(r.worst_at_concurrency)}), "
+             f"{'meeting' if r.worst_of_envelope >= DYNAMIC_TARGET else 'short of'} its {DYNAMIC_TARGET:.0%} target"
+             for r in dyn.itertuples()]
+    return first + (" " + "; ".join(parts) + "." if parts else "")
