@@ -33,8 +33,9 @@ def main() -> int:
     ap.add_argument("--out", default="identity.json")
     ap.add_argument("--logs", default=None, help="server logs folder (default: a temporary one)")
     args = ap.parse_args()
+    # Six servers share one GPU: a small KV pool each (the CPU arguments already size it).
     extra = ["--cuda-graph-max-bs", "8", "--mem-fraction-static", "0.08", "--max-total-tokens", "8192",
-             "--max-running-requests", "8"] if args.gpu else ["--max-total-tokens", "8192", "--max-running-requests", "8"]
+             "--max-running-requests", "8"] if args.gpu else []
     tmp = Path(tempfile.mkdtemp())
     models = tmp / "models"
     make_models(models)

@@ -112,9 +112,7 @@ def test_shipped_profiles_include_one_where_speculation_wins_to_a_large_batch():
         assert e["output_throughput"] > 1.3 * b["output_throughput"]
 
 
-def test_fit_converges_and_records_its_command(tmp_path):
-    spec_path = tmp_path / "fit.yaml"
-    spec_path.write_text("""
+TINY_FIT_SPEC = """
 name: tiny
 source: a test
 speculative: {num_steps: 2}
@@ -125,7 +123,12 @@ targets:
   - {concurrency: 1, baseline: 100.0, eagle3: 120.0}
   - {concurrency: 4, baseline: 300.0, eagle3_speedup: 0.9}
 assumptions: ["made up"]
-""")
+"""
+
+
+def test_fit_converges_and_records_its_command(tmp_path):
+    spec_path = tmp_path / "fit.yaml"
+    spec_path.write_text(TINY_FIT_SPEC)
     spec = load_fit_spec(spec_path)
     profile, table = fit(spec, command="dynspec fit X --out Y")
     assert all(abs(r["error"]) < 0.03 for r in table) and len(table) == 4
@@ -209,18 +212,7 @@ def test_sim_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch,
 def test_fit_writes_a_kv_only_catch_up_and_a_resume(tmp_path):
     """resume_fraction: the catch-up is the KV-only one (catchup_ms) and a switch pays resume_ms;
     catch_up_from: both shares per knot from a calibrated profile, said so in the assumptions."""
-    spec_text = """
-name: tiny
-source: a test
-speculative: {num_steps: 2}
-acceptance: {accept_length: 2.0}
-prefill: {fixed_ms: 1.0, per_token_ms: 0.001}
-workload: {input_len: 32, output_len: 32, num_prompts: 8}
-targets:
-  - {concurrency: 1, baseline: 100.0, eagle3: 120.0}
-  - {concurrency: 4, baseline: 300.0, eagle3_speedup: 0.9}
-assumptions: ["made up"]
-"""
+    spec_text = TINY_FIT_SPEC
     spec_path = tmp_path / "fit.yaml"
     spec_path.write_text(spec_text + "catch_up_fraction: 0.01\nresume_fraction: 0.05\n")
     p, table = fit(load_fit_spec(spec_path))

@@ -68,6 +68,5 @@ def populate(namespace: dict, implemented: dict, real_submodules: tuple[str, ...
         return Missing(f"{name}.{attr}")
 
     namespace["__getattr__"] = __getattr__
-    namespace["DYNSPEC_STAND_IN"] = True
     if "." not in name:
         sys.meta_path.append(_Submodules(name, {f"{name}.{s}" for s in real_submodules}))
