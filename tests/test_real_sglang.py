@@ -163,7 +163,12 @@ def test_switches_are_logged(runs):
     log = runs["logs"]["patched-threshold"]
     assert "dynspec: policy threshold:on=2,off=2,dwell=0 is live" in log
     lines = re.findall(r"dynspec: switch (spec|plain) -> (plain|spec) at step \d+, batch size (\d+)", log)
-    assert ("spec", "plain", "4") in lines and any(a == "plain" and b == "spec" for a, b, _ in lines)
+    # Both directions happen, and each at a batch size on its side of the threshold.  The batch
+    # at the first switch is 3 or 4: whether a short request ends before the last one is admitted
+    # depends on timing.
+    assert {(a, b) for a, b, _ in lines} == {("spec", "plain"), ("plain", "spec")}, lines
+    assert all(int(n) > 2 for a, _, n in lines if a == "spec"), lines
+    assert all(int(n) <= 2 for a, _, n in lines if a == "plain"), lines
     assert len(lines) == counters(runs, "patched-threshold")["switches"]
 
 
