@@ -22,10 +22,11 @@
 # land in `data/runs/<run-id>/results.csv` as they are measured.
 
 # %% tags=["parameters"]
-config = "../configs/ci-tiny.yaml"  # a sweep config (YAML)
+# Relative paths are taken from the repository root, wherever the notebook runs.
+config = "configs/ci-tiny.yaml"  # a sweep config (YAML)
 backend = "sim"  # sim | emulate | live
 run_id = None  # None: a new id from the config name and the time
-runs_dir = "../data/runs"
+runs_dir = "data/runs"
 resume = False  # continue run_id, skipping levels already measured
 
 # %%
@@ -34,9 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from IPython.display import Markdown, display
 
 from dynspec.config import load_config
+from dynspec.paths import from_repo
 from dynspec.report import level_table, load_run
 from dynspec.sweep import run_sweep
 
+config, runs_dir = from_repo(config), from_repo(runs_dir)
 cfg = load_config(config)
 # The kernel already runs an asyncio loop and the sweep's HTTP clients start their own,
 # so the sweep runs in a worker thread (the same code `dynspec sweep` runs).

@@ -21,11 +21,12 @@
 # on and off at run time, across concurrency levels.
 
 # %% tags=["parameters"]
+# Relative paths are taken from the repository root, wherever the notebook runs.
 run_dir = None  # a data/runs/<run-id> folder; None: the latest run in runs_dir
-runs_dir = "../data/runs"
+runs_dir = "data/runs"
 compare_runs = []  # other run folders drawn beside this one
-reference = "../data/reference/seed.csv"  # the seed's measured table; None to leave it out
-fallback_config = "../configs/ci-tiny.yaml"  # simulated when runs_dir holds no run yet
+reference = "data/reference/seed.csv"  # the seed's measured table; None to leave it out
+fallback_config = "configs/ci-tiny.yaml"  # simulated when runs_dir holds no run yet
 profiles = []  # profile names or paths for "By profile"; []: every shipped profile
 profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 
@@ -34,13 +35,15 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from dynspec import crossover, report
+from dynspec.paths import from_repo
 
+run_dir, runs_dir, reference, fallback_config = map(from_repo, (run_dir, runs_dir, reference, fallback_config))
 run = report.open_run(run_dir, runs_dir=runs_dir, fallback_config=fallback_config)
 levels = report.level_table(run.results)
 # Compared runs appear in the throughput and speedup figures; every other number is this run's.
-others = [report.load_run(d) for d in compare_runs]
+others = [report.load_run(from_repo(d)) for d in compare_runs]
 compared = report.level_table(pd.concat([run.results] + [o.results for o in others], ignore_index=True))
-ref = report.load_reference(reference) if reference else None
+ref = report.reference_for(run, report.load_reference(reference) if reference else None)
 display(HTML(report.banner_html(run)))
 display(Markdown(f"**{report.headline_sentence(levels)}**"))
 display(Markdown(report.run_summary(run)))
@@ -66,11 +69,11 @@ for o in others:
 # %% [markdown]
 # ## Output throughput vs concurrency
 #
-# Lines: this run (compared runs, if any, in other line styles). Open squares: the
-# seed's measurements, beside the run's for scale, not from it.
+# Lines: this run (compared runs, if any, in other line styles).
 
 # %%
 report.throughput_figure(compared, ref);
+display(Markdown(report.reference_caption(run, ref)))
 
 # %%
 display(report.wide(levels, "output_throughput", digits=1))
@@ -95,7 +98,7 @@ base_arm, spec_arm = report.roles(levels)
 if base_arm and spec_arm:
     report.envelope_figure(levels)
     display(report.wide(report.envelope_table(levels), "of_envelope", digits=3))
-    display(report.envelope_summary(levels).round(3))
+    display(HTML(report.envelope_summary(levels).round(3).to_html(index=False)))
 else:
     display(Markdown("*No envelope: this run has no plain (baseline) arm or no always-speculating arm.*"))
 
@@ -107,6 +110,15 @@ report.latency_figure(levels);
 
 # %%
 display(report.latency_table(levels).round(1))
+
+# %% [markdown]
+# ## Latency against throughput
+#
+# What each arm buys: every point is one concurrency level, its output throughput against
+# its median time per output token. Lower right is better.
+
+# %%
+report.pareto_figure(levels);
 
 # %% [markdown]
 # ## Speculation: accept length and steps speculated
@@ -128,10 +140,9 @@ display(report.speculation_table(levels).round(3))
 # `data/reference/README.md`.
 
 # %%
+display(Markdown(report.reference_caption(run, ref)))
 if ref is not None:
-    display(report.reference_comparison(levels, ref).round(3))
-else:
-    display(Markdown("No reference table given."))
+    display(HTML(report.reference_comparison(levels, ref).round(3).to_html(index=False)))
 
 # %% [markdown]
 # ## By profile: where speculation stops paying
@@ -175,5 +186,5 @@ display(crossover.envelope_by_profile(shipped, profile_levels))
 
 # %%
 failed = report.failed_levels(run.results)
-display(failed if len(failed) else Markdown("No level failed."))
+display(HTML(failed.to_html(index=False)) if len(failed) else Markdown("No level failed."))
 display(Markdown(report.run_details(run)))

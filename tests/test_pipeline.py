@@ -279,20 +279,17 @@ def test_notebook_is_paired_thin_and_committed_without_outputs(name):
 
 
 def test_each_notebook_runs_with_its_default_parameters(tmp_path):
-    """As in JupyterLab: the notebook's own kernel, cwd notebooks/, no parameters given."""
+    """As in JupyterLab: the notebook's own kernel, cwd notebooks/, no parameters given but the
+    runs folder (so that the test writes nothing into the checkout)."""
     import papermill as pm
 
-    nb_dir = tmp_path / "notebooks"
-    shutil.copytree(NOTEBOOK_DIR, nb_dir, ignore=shutil.ignore_patterns("*.py"))
-    (tmp_path / "configs").mkdir()
-    shutil.copy(ROOT / "configs" / "ci-tiny.yaml", tmp_path / "configs")
-    shutil.copytree(ROOT / "data" / "reference", tmp_path / "data" / "reference")
     runs = tmp_path / "data" / "runs"
 
     def run(name):
         out = tmp_path / f"{name}.out.ipynb"
-        pm.execute_notebook(str(nb_dir / f"{name}.ipynb"), str(out), cwd=str(nb_dir), progress_bar=False,
-                            execution_timeout=300)
+        params = {"runs_dir": str(runs)} if name in ("02_sweep", "03_report") else {}
+        pm.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(out), cwd=str(NOTEBOOK_DIR),
+                            parameters=params, progress_bar=False, execution_timeout=300)
         return nbformat.read(out, as_version=4)
 
     # 03 first, on a checkout with no runs: it simulates the tiny config to have one.
@@ -388,3 +385,19 @@ def test_version_and_index_column(tmp_path, capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"dynspec {__version__}"
     page = pipeline.write_index(tmp_path).read_text()
     assert "switching arm / best static arm per level" in page and "best policy" not in page
+
+
+@pytest.mark.parametrize("cwd", ["repo root", "elsewhere"])
+def test_the_sweep_notebook_finds_its_default_config_from_any_folder(tmp_path, cwd):
+    """`papermill notebooks/02_sweep.ipynb` from the repo root (or anywhere): the default config,
+    a path relative to the repository, is found; before, defaults were relative to notebooks/."""
+    import papermill as pm
+
+    where = ROOT if cwd == "repo root" else tmp_path
+    runs = tmp_path / "runs"
+    pm.execute_notebook(str(ROOT / "notebooks" / "02_sweep.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters={"runs_dir": str(runs), "run_id": "from-anywhere"},
+                        kernel_name=pipeline.ensure_kernel() and pipeline.KERNEL, cwd=str(where),
+                        progress_bar=False)
+    run = load_run(runs / "from-anywhere")
+    assert run.config_name == "ci-tiny" and len(run.results) > 0

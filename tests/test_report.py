@@ -54,7 +54,10 @@ def test_crossover_interpolates_on_log_concurrency():
     assert x.status == "crosses"
     assert x.between == (4, 16)
     assert x.concurrency == pytest.approx(4 * 4 ** 0.25)
-    assert "C=5.7 (between C=4 and C=16)" in x.describe()
+    # Two significant figures: the point lies between two measured levels, nothing finer.
+    assert "between C=4 and C=16 (near C=5.7, interpolated)" in x.describe()
+    assert report._two_figures(220.3) == "220" and report._two_figures(5.657) == "5.7"
+    assert report._two_figures(0.0312) == "0.031" and report._two_figures(1234.0) == "1200"
 
 
 def test_crossover_never_and_always_pays():
@@ -207,7 +210,7 @@ def test_throughput_figure_has_log_x_every_arm_and_the_seed_labelled():
     fig = report.throughput_figure(_levels(), report.load_reference())
     ax = fig.axes[0]
     assert ax.get_xscale() == "log"
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     for arm in THROUGHPUT:
         assert arm in labels
     assert f"baseline ({report.SEED_LABEL})" in labels and f"eagle3 ({report.SEED_LABEL})" in labels
@@ -308,8 +311,9 @@ def test_compared_runs_are_told_apart_by_line_style():
     both = pd.concat([_rows(run_id="sim"), _rows(run_id="live", backend="live")], ignore_index=True)
     both.loc[(both["run_id"] == "live") & (both["arm"] == "baseline"), "output_throughput"] *= 0.5
     lv = report.level_table(both)
-    ax = report.throughput_figure(lv).axes[0]
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    fig = report.throughput_figure(lv)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "sim" in labels and "live" in labels
     ys = {tuple(l.get_ydata()) for l in ax.get_lines()}
     assert (100.0, 350.0, 1000.0, 1600.0) in ys and (50.0, 175.0, 500.0, 800.0) in ys
@@ -353,3 +357,83 @@ def test_headline_says_who_wins_where_and_how_close_the_switching_arm_comes():
     assert "98.00% at worst" in text and text.endswith("meeting its 97% target.")
     only_plain = {"baseline": THROUGHPUT["baseline"]}
     assert report.headline_sentence(_levels(throughput=only_plain)).startswith("No answer from this run")
+
+
+def _live_run(root, run_id, hardware, backend="live"):
+    d = root / run_id
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": run_id, "backend": backend, "hardware": hardware}))
+
+
+def test_status_box_names_the_fit_and_where_the_patch_has_really_run(tmp_path):
+    measured = tmp_path / "measured"
+    _live_run(measured, "h200-live", "1x NVIDIA H200 (lent machine)")
+    _live_run(measured, "an-emulated-one", "8x RTX PRO 6000", backend="emulate")  # not a measurement
+    sim = report.load_run(_write_run(tmp_path, _rows(), name="s"))
+    box = dict(report.status_box(sim, measured))
+    assert box["Numbers"].startswith("Simulated") and "Arms with a policy" not in box["Numbers"]
+    assert "seed-blackwell was fitted to seed investigation" in box["Profile"] and "by construction" in box["Profile"]
+    assert "KV-only" in box["Switch cost"]
+    assert "h200-live (1x NVIDIA H200 (lent machine))" in box["Real SGLang"] and "an-emulated-one" not in box["Real SGLang"]
+    assert box["Never run"].startswith("the patched server has never run on 8x RTX PRO 6000")
+    # Once a live run on that hardware is committed, the line goes.
+    _live_run(measured, "seed-node", "8x RTX PRO 6000 Blackwell")
+    assert "Never run" not in dict(report.status_box(sim, measured))
+    live = report.load_run(_write_run(tmp_path, _rows(backend="live"), name="l",
+                                      meta={"run_id": "l", "backend": "live", "hardware": "1x H100"}))
+    box = dict(report.status_box(live, measured))
+    assert box["Numbers"].startswith("Measured live on 1x H100") and "Profile" not in box and "Never run" not in box
+    assert 'class="dynspec-status"' in report.banner_html(sim) and "by construction" in report.banner_html(sim)
+
+
+def test_the_seed_is_drawn_only_beside_its_own_node_in_its_own_time(tmp_path):
+    ref = report.load_reference()
+    sim = report.load_run(_write_run(tmp_path, _rows(), name="s"))
+    assert report.reference_for(sim, ref) is ref
+    assert "fitted to these numbers" in report.reference_caption(sim, ref)
+    h200 = report.load_run(_write_run(tmp_path, _rows(backend="live"), name="h",
+                                      meta={"run_id": "h", "backend": "live", "hardware": "1x NVIDIA H200"}))
+    h200.config["profile"] = ""
+    h200.results["profile"] = ""
+    assert report.reference_for(h200, ref) is None
+    assert "not drawn" in report.reference_caption(h200, None)
+    emu = report.load_run(_write_run(tmp_path, _rows(backend="emulate"), name="e"))
+    emu.config["emulate"] = {"time_scale": 8.0}
+    assert report.reference_for(emu, ref) is None  # eight times faster than the seed's clock
+    emu.config["emulate"] = {"time_scale": 1.0}
+    assert report.reference_for(emu, ref) is ref
+
+
+def test_coinciding_arms_are_named_in_the_findings():
+    same = dict(THROUGHPUT, eagle3b={c: t * 1.003 for c, t in THROUGHPUT["eagle3"].items()})
+    pol = dict(POLICY, eagle3b="always")
+    lv = _levels(throughput=same, policy=pol)
+    assert report.coinciding_arms(lv, ["eagle3", "eagle3b"]) == ["eagle3", "eagle3b"]
+    assert "`eagle3` and `eagle3b` coincide" in report.findings(lv)
+    apart = dict(THROUGHPUT, eagle3b={c: t * 1.02 for c, t in THROUGHPUT["eagle3"].items()})
+    lv = _levels(throughput=apart, policy=pol)
+    assert report.coinciding_arms(lv, ["eagle3", "eagle3b"]) == [] and "coincide" not in report.findings(lv)
+
+
+def test_figures_keep_their_legend_below_and_accept_length_from_one():
+    lv = _levels()
+    fig = report.throughput_figure(lv)
+    assert fig.legends and fig.axes[0].get_legend() is None  # a figure legend, not squeezing the axes
+    fig = report.speculation_figure(lv)
+    acc = fig.axes[0]
+    assert acc.get_ylim()[0] == 1.0
+    # dynamic speculates on 1/C of its steps: from C=16 on under 20%, drawn hollow and named so.
+    hollow = [t.get_text() for t in acc.get_legend().get_texts()]
+    assert hollow == ["dynamic (under 20% of steps speculated)"]
+    fig = report.pareto_figure(lv)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "output throughput (tok/s)" and ax.get_ylabel() == "median TPOT (ms)"
+    assert len(ax.get_lines()) == 3 and fig.legends
+    ticks = [int(t) for t in report_ticks(report.throughput_figure(_levels(throughput={
+        "baseline": {c: 10.0 * c for c in (1, 2, 4, 8, 16, 30, 32, 48, 64, 70, 96, 128)}},
+        policy={"baseline": "none"})).axes[0])]
+    assert ticks == [1, 2, 4, 8, 16, 30, 48, 128], ticks  # no two labels closer than x1.6, the top one kept
+
+
+def report_ticks(ax):
+    return ax.xaxis.get_major_locator().tick_values(1, 128)

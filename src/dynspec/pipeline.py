@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dynspec.atomic import write_text
 from dynspec.config import RUN_ID, run_id_problem
 from dynspec.jsonl import read_json
+from dynspec.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
 KERNEL = "dynspec"
 

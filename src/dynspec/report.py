@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dynspec.paths import REPO_ROOT
 from dynspec.results import METRIC_COLUMNS, read_table
 
 SEED_LABEL = "measured by the seed investigation on 8x RTX PRO 6000 Blackwell, TP 8"
@@ -33,6 +34,7 @@ LEVEL_METRICS = [
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms",
     "median_itl_ms", "p99_itl_ms", "accept_length", "spec_step_fraction", "switches",
 ]
+FEW_SPEC_STEPS = 0.2  # below this share of steps speculated, an accept length is a probe's estimate
 
 
 class ReportError(ValueError):
@@ -263,12 +265,20 @@ class Crossover:
         who = "EAGLE-3" if self.arm == "eagle3" else f"EAGLE-3 (`{self.arm}`)"
         if self.status == "crosses":
             lo, hi = self.between
-            return f"{who} stops paying at about C={self.concurrency:.1f} (between C={lo} and C={hi})"
+            # Two significant figures: the point is interpolated between two measured levels.
+            return (f"{who} stops paying between C={lo} and C={hi} "
+                    f"(near C={_two_figures(self.concurrency)}, interpolated)")
         if self.status == "never-pays":
             return f"{who} loses to the baseline at every concurrency measured: no crossover in range"
         if self.status == "always-pays":
             return f"{who} beats the baseline at every concurrency measured: the crossover lies beyond the range"
         return "no crossover: the run lacks a baseline or an eagle3 arm at a common concurrency"
+
+
+def _two_figures(x: float) -> str:
+    """220.3 -> "220", 5.66 -> "5.7": as precise as a point between two measured levels can be."""
+    digits = 1 - math.floor(math.log10(abs(x))) if x else 1
+    return f"{round(x, digits):.{max(digits, 0)}f}"
 
 
 def crossover(levels: pd.DataFrame, arm: str | None = None) -> Crossover:
@@ -442,14 +452,95 @@ def headline(run: Run) -> dict:
     return out
 
 
+MEASURED_DIR = REPO_ROOT / "data" / "measured"  # in a checkout of the repo
+
+
+def measured_runs(measured_dir: Path = MEASURED_DIR) -> list[tuple[str, str]]:
+    """(run id, hardware) of every live run committed under data/measured/: where the patched
+    server has really run, read from the runs themselves."""
+    out = []
+    for meta in sorted(measured_dir.glob("*/run.json")) if measured_dir.is_dir() else []:
+        m = _read_json(meta)
+        if m.get("backend") == "live":
+            out.append((str(m.get("run_id") or meta.parent.name), str(m.get("hardware") or "?")))
+    return out
+
+
+def status_box(run: Run, measured_dir: Path = MEASURED_DIR) -> list[tuple[str, str]]:
+    """What is measured, fitted, simulated and never run, as (label, sentence) rows, from the
+    run and its profile's provenance: the first thing a report shows."""
+    from dynspec.profile import ProfileError, load_profile
+
+    rows = [("Numbers", banner(run).split(" Arms with a policy")[0])]
+    profile = None
+    if run.backend in ("sim", "emulate") and run.profile:
+        try:
+            profile = load_profile(run.profile)
+        except ProfileError:
+            pass
+    if profile is not None:
+        prov = profile.provenance
+        if prov.kind == "fitted":
+            rows.append(("Profile", f"{profile.name} was fitted to {prov.source}. Agreement with those "
+                                    "numbers is by construction, not validation."))
+        else:
+            when = f", {prov.date}" if prov.date else ""
+            rows.append(("Profile", f"{profile.name} is {prov.kind}: {prov.source}{when}."))
+        note = catch_up_note(run.profile).strip()
+        if note:
+            rows.append(("Switch cost", note + " As the profile states it: see its provenance."))
+    measured = measured_runs(measured_dir)
+    if measured:
+        where = "; ".join(f"{rid} ({hw})" for rid, hw in measured)
+        rows.append(("Real SGLang", "dynspec's patched SGLang 0.5.9 has served real requests on a CPU in CI "
+                                    f"(tests/test_real_sglang.py) and in these measured runs: {where}."))
+        hw = run.hardware.split(" (")[0].strip()
+        if hw and run.backend != "live" and not any(hw in h for _, h in measured):
+            rows.append(("Never run", f"the patched server has never run on {run.hardware}; "
+                                      "this run's numbers for it are a model."))
+    return rows
+
+
 def banner_html(run: Run) -> str:
-    """The banner as a self-contained HTML block (inline style: the report fetches nothing)."""
+    """The status box as a self-contained HTML block (inline style: the report fetches nothing)."""
     import html
 
     simulated = run.backend in ("sim", "emulate")
     colour = ("#fff4e5", "#b35c00") if simulated else ("#e8f4ea", "#1e6b33")
-    return (f'<div style="background:{colour[0]};border-left:6px solid {colour[1]};padding:10px 14px;'
-            f'margin:8px 0;font-size:15px"><b>{html.escape(banner(run))}</b></div>')
+    rows = "".join(f'<tr><td style="padding:2px 10px 2px 0;vertical-align:top"><b>{html.escape(k)}</b></td>'
+                   f'<td style="padding:2px 0">{html.escape(v)}</td></tr>' for k, v in status_box(run))
+    return (f'<div class="dynspec-status" style="background:{colour[0]};border-left:6px solid {colour[1]};'
+            f'padding:10px 14px;margin:8px 0;font-size:14px"><table style="border:none">{rows}</table></div>')
+
+
+def reference_for(run: Run, reference: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The seed's measurements, only beside a run of (a model of) the seed's node in the seed's
+    time: an emulated run at another time scale, or another machine, gets none."""
+    if reference is None or not len(reference):
+        return None
+    if not run.profile.startswith("seed-blackwell") and "RTX PRO 6000" not in run.hardware:
+        return None
+    scale = float((run.config.get("emulate") or {}).get("time_scale", 1.0) or 1.0)
+    if run.backend == "emulate" and scale != 1.0:
+        return None
+    return reference
+
+
+def reference_caption(run: Run, shown: pd.DataFrame | None) -> str:
+    if shown is None:
+        return ("*The seed's measurements (8x RTX PRO 6000 Blackwell) are not drawn: this run is not of "
+                "that node, or not in its time.*")
+    from dynspec.profile import ProfileError, load_profile
+
+    fitted = ""
+    try:
+        if run.profile and load_profile(run.profile).provenance.kind == "fitted":
+            fitted = (f" Profile `{run.profile}` was fitted to these numbers, so the lines pass through "
+                      "the squares by construction.")
+    except ProfileError:  # a profile that will not load changes only this caption
+        pass
+    return ("Open squares: the seed's measurements on 8x RTX PRO 6000 Blackwell (TP 8, EAGLE-3 on the v1 "
+            "worker with a 16-token tree), drawn for scale; not from this run." + fitted)
 
 
 def run_summary(run: Run) -> str:
@@ -487,11 +578,28 @@ def findings(levels: pd.DataFrame) -> str:
         summ = envelope_summary(levels)
         for _, r in summ.loc[~summ["arm"].isin(plain + specs)].iterrows():
             out.append(f"- **Policy `{r['arm']}`:** {r['mean_of_envelope']:.1%} of the envelope on average, "
-                       f"worst {r['worst_of_envelope']:.1%} at C={int(r['worst_at_concurrency'])}.")
+                       f"worst {r['worst_of_envelope']:.2%} at C={int(r['worst_at_concurrency'])}.")
+    same = coinciding_arms(levels, specs)
+    if same and set(levels["backend"].dropna()) <= {"sim", "emulate"}:
+        out.append(f"- **{' and '.join(f'`{a}`' for a in same)} coincide** (within 0.5% at every level): "
+                   "the simulator models every EAGLE-3 arm as the same chain; the v1 worker's draft tree "
+                   "is not modelled apart. dynspec's patch switches the v2 worker (topk 1) only.")
     failed = int(levels["failed_repeats"].sum())
     if failed:
         out.append(f"- **Failed:** {failed} measurement(s) failed and are left out (listed at the end).")
     return "\n".join(out)
+
+
+def coinciding_arms(levels: pd.DataFrame, arms: list[str], tol: float = 0.005) -> list[str]:
+    """The arms (two or more) whose output throughput agrees within `tol` at every common level."""
+    if len(arms) < 2:
+        return []
+    w = levels[levels["arm"].isin(arms)].pivot_table(index=["run_id", "concurrency"], columns="arm",
+                                                     values="output_throughput").dropna()
+    if w.empty:
+        return []
+    spread = (w.max(axis=1) - w.min(axis=1)) / w.max(axis=1)
+    return sorted(w.columns) if bool((spread <= tol).all()) else []
 
 
 def environment_tables(env: dict) -> tuple[pd.DataFrame, pd.DataFrame, str]:
@@ -595,9 +703,14 @@ def _log_x(ax, levels: pd.Series) -> None:
 
     ax.set_xscale("log")
     ticks: list[int] = []
-    for c in sorted({int(c) for c in levels.dropna()}):
-        if not ticks or c / ticks[-1] >= 1.45:
+    measured = sorted({int(c) for c in levels.dropna()})
+    for c in measured:
+        if not ticks or c / ticks[-1] >= 1.6:
             ticks.append(c)
+    if measured and ticks[-1] != measured[-1]:  # the highest level is always labelled
+        if len(ticks) > 1 and measured[-1] / ticks[-1] < 1.6:
+            ticks.pop()
+        ticks.append(measured[-1])
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -613,9 +726,16 @@ def _arm_lines(sns, ax, data: pd.DataFrame, y: str, levels: pd.DataFrame, **kw) 
                  markers=True, dashes=several, ax=ax, **kw)
 
 
-def _legend_outside(ax) -> None:
-    if ax.get_legend() is not None:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+def _legend_below(fig, ax) -> None:
+    """The legend in rows under the figure, so long labels never squeeze the axes."""
+    fig.tight_layout()
+    if ax.get_legend() is None:
+        return
+    handles, labels = ax.get_legend_handles_labels()
+    ax.get_legend().remove()
+    ncol = min(len(labels), 4)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8,
+               frameon=False)
 
 
 def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = None):
@@ -645,8 +765,7 @@ def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = Non
     _log_x(ax, xs)
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title("Output throughput vs concurrency")
-    _legend_outside(ax)
-    fig.tight_layout()
+    _legend_below(fig, ax)
     return fig
 
 
@@ -659,8 +778,7 @@ def speedup_figure(levels: pd.DataFrame):
     _log_x(ax, sp["concurrency"])
     ax.set_ylabel("output throughput / baseline")
     ax.set_title("Speedup over the baseline (above 1: speculation pays)")
-    _legend_outside(ax)
-    fig.tight_layout()
+    _legend_below(fig, ax)
     return fig
 
 
@@ -680,8 +798,7 @@ def envelope_figure(levels: pd.DataFrame):
     _log_x(a2, env["concurrency"])
     a2.set_ylabel("share of envelope")
     a2.set_title("How close each arm comes to the envelope")
-    _legend_outside(a2)
-    fig.tight_layout()
+    _legend_below(fig, a2)
     return fig
 
 
@@ -704,8 +821,7 @@ def latency_figure(levels: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_ylabel(f"{metric} (ms, log scale)")
         ax.set_title(f"{metric}: median (solid) and p99 (dashed)")
-    _legend_outside(axes[1])
-    fig.tight_layout()
+    _legend_below(fig, axes[1])
     return fig
 
 
@@ -718,10 +834,24 @@ def speculation_figure(levels: pd.DataFrame):
     plt, sns = _style()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.2))
     acc = levels.dropna(subset=["accept_length"])
-    if len(acc):
-        _arm_lines(sns, a1, acc, "accept_length", levels, legend=False)
+    # An arm that speculates on a few steps only (a policy's probes) estimates its accept
+    # length from few verifies: drawn as hollow points, not joined, so the noise does not
+    # read as a trend.
+    few = acc["spec_step_fraction"].fillna(1.0) < FEW_SPEC_STEPS
+    if (~few).any():
+        _arm_lines(sns, a1, acc[~few], "accept_length", levels, legend=False)
+    colours = palette(levels)
+    for arm, d in acc[few].groupby("arm"):
+        a1.plot(d["concurrency"], d["accept_length"], linestyle="none", marker="o", markersize=6,
+                markerfacecolor="none", color=colours.get(arm, "0.5"),
+                label=f"{arm} (under {FEW_SPEC_STEPS:.0%} of steps speculated)")
+    if few.any():
+        a1.legend(fontsize=8, loc="lower left")
+    # From 1 (nothing accepted): a cut axis makes small differences look large.
+    top = max(2.0, float(acc["accept_length"].max()) if len(acc) else 2.0)
+    a1.set_ylim(1.0, top * 1.05)
     a1.set_ylabel("accept length (tokens per verify)")
-    a1.set_title("Accept length (bonus token included)")
+    a1.set_title("Accept length (bonus token included; 1 = nothing accepted)")
     frac = levels.dropna(subset=["spec_step_fraction"])
     if len(frac):
         _arm_lines(sns, a2, frac, "spec_step_fraction", levels)
@@ -731,8 +861,31 @@ def speculation_figure(levels: pd.DataFrame):
     for ax in (a1, a2):
         _log_x(ax, levels["concurrency"])
         ax.set_xlabel("concurrency = max decode batch size (log scale)")
-    _legend_outside(a2)
-    fig.tight_layout()
+    _legend_below(fig, a2)
+    return fig
+
+
+def pareto_figure(levels: pd.DataFrame):
+    """Latency against throughput: median TPOT vs output tok/s per arm, one point per level.
+
+    Down and to the right is better; an arm whose curve lies below and right of another's
+    gives more tokens per second at the same per-token latency."""
+    plt, sns = _style()
+    d = levels.dropna(subset=["output_throughput", "median_tpot_ms"]).sort_values("concurrency")
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    colours = palette(levels)
+    for arm in [a for a in arm_order(levels) if a in set(d["arm"])]:
+        a = d[d["arm"] == arm]
+        ax.plot(a["output_throughput"], a["median_tpot_ms"], marker="o", markersize=4, color=colours[arm],
+                label=arm)
+        for _, end in a.iloc[[0, -1]].iterrows():  # label the lowest and highest load
+            ax.annotate(f"C={int(end['concurrency'])}", (end["output_throughput"], end["median_tpot_ms"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[arm])
+    ax.set_xlabel("output throughput (tok/s)")
+    ax.set_ylabel("median TPOT (ms)")
+    ax.set_title("Latency vs throughput (each point a concurrency level; lower right is better)")
+    ax.legend()
+    _legend_below(fig, ax)
     return fig
 
 
