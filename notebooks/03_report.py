@@ -34,7 +34,7 @@ profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from dynspec import crossover, report
+from dynspec import cache, crossover, report
 from dynspec.paths import from_repo
 
 run_dir, runs_dir, reference, fallback_config = map(from_repo, (run_dir, runs_dir, reference, fallback_config))
@@ -179,7 +179,7 @@ if fig is None:
 # max(baseline, eagle3) at every level.
 
 # %%
-display(crossover.envelope_by_profile(shipped, profile_levels))
+display(cache.envelope_by_profile(shipped, profile_levels))  # simulated once per profile and code version
 
 # %% [markdown]
 # ## Failed levels and run details
