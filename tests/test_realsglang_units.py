@@ -104,3 +104,33 @@ def test_tiny_target_follows_its_permutation_most_of_the_time(tmp_path):
     prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(8, 40))] for _ in range(4)]
     rate = expected_follow_rate(tmp_path, prompts, max_new_tokens=24)
     assert 0.7 <= rate <= 0.97  # context matters, and the draft has something to be right about
+
+
+def test_the_sync_census_counts_each_waiting_call_at_its_call_site(tmp_path):
+    """In a fresh process (the census rewrites torch.Tensor methods): every call that would wait for
+    a GPU is counted at the line that made it; arithmetic is not; the counts reach the folder."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("torch")
+    from dynspec.realsglang import census
+
+    script = tmp_path / "calls.py"
+    script.write_text(textwrap.dedent(f"""
+        from dynspec.realsglang import census
+        census.install({str(tmp_path / 'c')!r})
+        import torch
+        t = torch.arange(4)
+        for _ in range(3):
+            t.tolist()
+        t.sum().item()
+        bool(t.any())
+        t.to("cpu")
+        u = t * 2 + 1
+        ev = torch.cpu.Event() if hasattr(torch.cpu, "Event") else None
+    """))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=120)
+    counts = census.read(tmp_path / "c")
+    by_line = {k.split(" ")[0].rsplit(":", 1)[1] + " " + k.split(" ")[-1]: v for k, v in counts.items()}
+    assert by_line == {"7 tolist": 3, "8 item": 1, "9 __bool__": 1, "10 to(cpu)": 1}, counts

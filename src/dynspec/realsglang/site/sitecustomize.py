@@ -1,6 +1,12 @@
 # Loaded by every Python process of a real SGLang server that dynspec.realsglang starts
 # (this folder is first on its PYTHONPATH): the compatibility patches must be in place in
 # the scheduler and detokenizer processes SGLang spawns, not only in the launcher.
+import os
+
 from dynspec.realsglang import compat
 
 compat.install()
+if os.environ.get("DYNSPEC_SYNC_CENSUS"):  # a diagnostic: benchmarks/sync_census.py
+    from dynspec.realsglang import census
+
+    census.install(os.environ["DYNSPEC_SYNC_CENSUS"])
