@@ -100,13 +100,40 @@ else:
     display(Markdown("*No envelope: this run has no plain (baseline) arm or no always-speculating arm.*"))
 
 # %% [markdown]
-# ## Latency: TTFT and TPOT
+# ## Latency: TTFT, TPOT, ITL and E2E
+#
+# At the percentiles the run's config asked for (`metrics.percentiles`; 50, 90, 95 and 99 by default).
 
 # %%
-report.latency_figure(levels);
+percentiles = report.run_percentiles(run)
+report.latency_figure(levels, percentiles);
 
 # %%
-display(report.latency_table(levels).round(1))
+for metric in ("ttft", "tpot", "itl", "e2e"):
+    display(report.latency_table(levels, percentiles, (metric,)).round(1))
+
+# %% [markdown]
+# ## Throughput against interactivity, and goodput
+#
+# Each level as a point: output tokens/s against tokens/s per user (1000 / median TPOT); circled
+# points are the run's Pareto front. With SLOs in the config (`metrics.slo`, vLLM's `--goodput`
+# semantics), goodput is the requests per second that met every one of them.
+
+# %%
+slo = report.run_slo(run)
+report.pareto_figure(levels, 50, slo.get("tpot_ms"));
+
+# %%
+display(*report.goodput_section(levels, slo))
+
+# %% [markdown]
+# ## Open-loop levels (request rates)
+#
+# Requests arriving at an offered rate (gamma intervals; `burstiness` 1 is Poisson) instead of a
+# fixed number of clients. Empty when the run has none.
+
+# %%
+display(*report.rate_section(run, percentiles))
 
 # %% [markdown]
 # ## Speculation: accept length and steps speculated
