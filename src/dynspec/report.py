@@ -530,7 +530,7 @@ def run_summary(run: Run) -> str:
         parts.append(f"profile `{run.profile}`")
     if run.hardware:
         parts.append(f"hardware: {run.hardware}")
-    parts.append(f"arms: {', '.join(sorted(set(lv['arm'])))}")
+    parts.append(f"arms: {', '.join(sorted(set(run.results['arm'])))}")
     if len(lv):
         parts.append(f"concurrency: {', '.join(str(c) for c in sorted(set(lv['concurrency'])))}")
     rates = rate_table(run.results)
