@@ -16,8 +16,12 @@ $(VENV)/.installed: pyproject.toml
 
 # What `make test` adds: the test tools, and the packages the tests import SGLang with on
 # CPU (0.5.9 and its sglang.bench_serving; SGLang itself is unpacked from its wheel by the tests).
+# torch is its CPU build: scripts/install_cpu_torch.py takes it from PyTorch's CPU index unless
+# this machine's indexes already give a CPU build, so no nvidia-* package is ever installed.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' requirements/sglang-cpu.txt)
 $(VENV)/.test-installed: $(VENV)/.installed requirements/sglang-cpu.txt requirements/bench-serving.txt
 	$(PIP) install --quiet -e '.[dev,notebooks]'
+	$(PY) scripts/install_cpu_torch.py $(TORCH_VERSION)
 	$(PIP) install --quiet -r requirements/sglang-cpu.txt
 	$(PIP) install --quiet -r requirements/bench-serving.txt
 	touch $@
@@ -33,9 +37,13 @@ $(SGLANG_0523_DEPS)/.installed: requirements/sglang-0.5.23-cpu.txt | $(VENV)/.te
 venv: $(VENV)/.installed
 test-venv: $(VENV)/.test-installed $(SGLANG_0523_DEPS)/.installed
 
-# Debian's chromium for the report's browser test; apt runs only when it is missing.
+# Debian's chromium for the report's browser test: installed with apt when missing and this is
+# root; otherwise one line says what to install, and only tests/test_report_browser.py skips.
 browser:
-	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "make browser: chromium is missing and cannot be installed here (not root): install Debian's chromium (sudo apt-get install chromium) for tests/test_report_browser.py, which skips until then"
 
 test: test-venv browser
 	$(PY) -m pytest

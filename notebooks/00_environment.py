@@ -29,7 +29,7 @@ from IPython.display import Markdown, display
 from dynspec.environment import collect_environment
 from dynspec.report import environment_tables
 
-env = collect_environment(probe_torch=probe_torch)
+env = collect_environment(probe_torch=probe_torch, check_env=probe_torch)
 machine, packages, topology = environment_tables(env)
 
 # %% [markdown]
@@ -49,3 +49,11 @@ display(packages)
 
 # %%
 display(Markdown(f"```\n{topology}\n```"))
+
+# %% [markdown]
+# ## `python -m sglang.check_env`
+#
+# SGLang's own environment record, beside dynspec's above (or why there is none).
+
+# %%
+display(Markdown(f"```\n{env['sglang_check_env'] or 'not collected (probe_torch=False)'}\n```"))

@@ -44,9 +44,8 @@ levels = report.level_table(run.results)
 others = [report.load_run(from_repo(d)) for d in compare_runs]
 compared = report.level_table(pd.concat([run.results] + [o.results for o in others], ignore_index=True))
 ref = report.reference_for(run, report.load_reference(reference) if reference else None)
-display(HTML(report.banner_html(run)))
-display(Markdown(f"**{report.headline_sentence(levels)}**"))
-display(Markdown(report.run_summary(run)))
+display(HTML(report.banner_html(run)), Markdown(f"**{report.headline_sentence(levels)}**"),
+        Markdown(report.run_summary(run)))
 
 # %% [markdown]
 # ## Findings
@@ -103,22 +102,39 @@ else:
     display(Markdown("*No envelope: this run has no plain (baseline) arm or no always-speculating arm.*"))
 
 # %% [markdown]
-# ## Latency: TTFT and TPOT
+# ## Latency: TTFT, TPOT, ITL and E2E
+#
+# At the percentiles the run's config asked for (`metrics.percentiles`; 50, 90, 95 and 99 by default).
 
 # %%
-report.latency_figure(levels);
+percentiles = report.run_percentiles(run)
+report.latency_figure(levels, percentiles);
 
 # %%
-display(report.latency_table(levels).round(1))
+display(*(report.latency_table(levels, percentiles, (m,)).round(1) for m in ("ttft", "tpot", "itl", "e2e")))
 
 # %% [markdown]
-# ## Latency against throughput
+# ## Throughput against interactivity, and goodput
 #
-# What each arm buys: every point is one concurrency level, its output throughput against
-# its median time per output token. Lower right is better.
+# Each level as a point: output tokens/s against tokens/s per user (1000 / median TPOT); circled
+# points are the run's Pareto front. With SLOs in the config (`metrics.slo`, vLLM's `--goodput`
+# semantics), goodput is the requests per second that met every one of them.
 
 # %%
-report.pareto_figure(levels);
+slo = report.run_slo(run)
+report.pareto_figure(levels, 50, slo.get("tpot_ms"));
+
+# %%
+display(*report.goodput_section(levels, slo))
+
+# %% [markdown]
+# ## Open-loop levels (request rates)
+#
+# Requests arriving at an offered rate (gamma intervals; `burstiness` 1 is Poisson) instead of a
+# fixed number of clients. Empty when the run has none.
+
+# %%
+display(*report.rate_section(run, percentiles))
 
 # %% [markdown]
 # ## Speculation: accept length and steps speculated
@@ -169,9 +185,7 @@ display(crossover.crossover_table(shipped))
 # dominates, which a verify shares across its k+1 tokens: longer contexts favour speculation.
 
 # %%
-fig = crossover.forward_curve_figure(shipped)
-if fig is None:
-    display(Markdown("No profile here holds a measured forward curve (`forward_ms`)."))
+crossover.forward_curve_figure(shipped) or display(Markdown("No profile here holds a measured forward curve."));
 
 # %% [markdown]
 # Under load, simulated (1024 in / 256 out, seed 0): at which levels EAGLE-3 beats the

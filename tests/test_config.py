@@ -97,14 +97,26 @@ def test_live_needs_port_placeholder_and_launch():
     (with_(timeouts={"startup": 5}), "timeouts.startup", "unknown key"),
     (with_(concurrency=[0, 4]), "concurrency", "at least 1"),
     (with_(concurrency=[4, 4]), "concurrency", "must not repeat"),
-    (with_(concurrency=[]), "concurrency", "at least 1 item"),
+    (with_(concurrency=[]), "(top level)", "give concurrency levels, request_rates, or both"),
+    (with_(request_rates=[0]), "request_rates.0", "greater than 0"),
+    (with_(request_rates=[float("inf")]), "request_rates.0", "finite number"),
+    (with_(request_rates=[2, 2.0]), "request_rates", "must not repeat"),
+    (with_(burstiness=0), "burstiness", "greater than 0"),
+    (with_(max_concurrency=0), "max_concurrency", "greater than or equal to 1"),
+    (with_(metrics={"percentiles": [0]}), "metrics.percentiles", "must be in (0, 100]"),
+    (with_(metrics={"percentiles": [101]}), "metrics.percentiles", "must be in (0, 100]"),
+    (with_(metrics={"percentiles": [True]}), "metrics.percentiles.0", "valid number"),
+    (with_(metrics={"percentiles": []}), "metrics.percentiles", "at least 1 item"),
+    (with_(metrics={"slo": {}}), "metrics.slo", "give at least one of ttft_ms, tpot_ms, e2e_ms"),
+    (with_(metrics={"slo": {"ttft_ms": -5}}), "metrics.slo.ttft_ms", "greater than 0"),
+    (with_(metrics={"slo": {"itl_ms": 5}}), "metrics.slo.itl_ms", "unknown key"),
     (with_(concurrency="many"), "concurrency", "valid list"),
     (with_(arms=[]), "arms", "at least 1 item"),
     (with_(arms=[{"name": "a"}, {"name": "a"}]), "arms", "must be unique (a repeats)"),
     (with_(arms=[{"name": "a/b"}]), "arms.0.name", "should match pattern"),
     (with_(arms=[{"name": "a", "sim_arm": "eagle"}]), "arms.0.sim_arm", "'eagle' is not one of"),
     (with_(arms=[{"name": "a", "sim_arm": "policy:threshold:on=x"}]), "arms.0.sim_arm", "threshold"),
-    (with_(arms=[{"name": "a", "api": "grpc"}]), "arms.0.api", "'generate' or 'openai'"),
+    (with_(arms=[{"name": "a", "api": "grpc"}]), "arms.0.api", "'generate', 'openai' or 'chat'"),
     (with_(arms=[{"name": "a", "launch": "serve --model {modle} --port {port}"}]), "arms.0.launch",
      "unknown placeholder {modle}"),
     (with_(prompts={"source": "jsonl"}), "prompts", "source jsonl needs a path"),
@@ -120,7 +132,12 @@ def test_live_needs_port_placeholder_and_launch():
     (with_(emulate={"time_scale": float("inf")}), "emulate.time_scale", "finite number"),
     (with_(emulate={"time_scale": True}), "emulate.time_scale", "valid number"),
     (with_(prompts={"source": "random", "path": "x.jsonl"}), "prompts", "path is only for"),
-    (with_(prompts={"source": "csv", "path": "x"}), "prompts.source", "'random', 'jsonl' or 'sharegpt'"),
+    (with_(prompts={"source": "csv", "path": "x"}), "prompts.source", "'random', 'jsonl', 'sharegpt' or 'mtbench'"),
+    (with_(prompts={"source": "mtbench", "path": "q.jsonl", "output_lens": "dataset"}), "prompts",
+     "gives no output lengths"),
+    (with_(prompts={"output_lens": "range"}), "prompts", "needs range_ratio below 1"),
+    (with_(prompts={"output_lens": "range", "range_ratio": 1.5}), "prompts.range_ratio", "less than or equal to 1"),
+    (with_(prompts={"tokenizer": "/tok"}), "prompts", "tokenizer only counts ShareGPT replies"),
     (with_(input_len=0), "input_len", "greater than or equal to 1"),
     (with_(repeats=0), "repeats", "greater than or equal to 1"),
     (with_(timeouts={"level_s": -1}), "timeouts.level_s", "greater than 0"),
@@ -170,3 +187,17 @@ def test_emulated_twin_mirrors_the_seed_config():
     twin = load_config(ROOT / "configs" / "seed-blackwell-emulated.yaml")
     assert twin.backend == "emulate" and seed.backend == "live"
     assert twin.arms == seed.arms and twin.concurrency == seed.concurrency and twin.profile == seed.profile
+
+
+def test_levels_closed_then_open_with_their_prompt_counts(tmp_path):
+    from dynspec.config import Level, parse_config
+
+    cfg = parse_config({**BASE, "concurrency": [1, 8], "request_rates": [0.5, 4], "max_concurrency": 64,
+                        "rate_duration_s": 20, "metrics": {"percentiles": [50, 99.9], "slo": {"ttft_ms": 200}}})
+    assert cfg.levels() == [Level(1), Level(8), Level(64, 0.5), Level(64, 4.0)]
+    assert [lv.label for lv in cfg.levels()] == ["c1", "c8", "rate0.5_c64", "rate4_c64"]
+    assert [cfg.prompts_for(lv) for lv in cfg.levels()] == [50, 50, 50, 80]  # max(rate x 20 s, 50)
+    assert cfg.summary_args() == {"percentiles": [50.0, 99.9], "slo": {"ttft": 200.0}}
+    assert cfg.result_columns()[-4:] == ["p99.9_ttft_ms", "p99.9_tpot_ms", "p99.9_itl_ms", "p99.9_e2e_ms"]
+    only_rates = parse_config({**BASE, "concurrency": [], "request_rates": [2]})
+    assert only_rates.levels() == [Level(0, 2.0)]  # no cap

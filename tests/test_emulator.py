@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from dynspec.bench import random_prompts, run_level_async
-from dynspec.emulator import count_text_tokens, make_app
+from dynspec.emulator import chat_prompt, count_text_tokens, make_app
 from dynspec.profile import parse_profile
 from dynspec.results import summarize
 from dynspec.servers import parse_prometheus
@@ -193,6 +193,47 @@ def test_completions_stream_deltas_and_usage():
     run(go())
 
 
+def test_chat_completions_stream_and_not_on_the_same_engine():
+    async def go():
+        async with serving(profile(), "eagle3") as (url, s):
+            messages = [{"role": "system", "content": "be brief"},
+                        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text",
+                                                                                         "text": "there"}]}]
+            async with s.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 7}) as r:
+                assert r.status == 200
+                full = await r.json()
+            assert full["object"] == "chat.completion"
+            msg = full["choices"][0]["message"]
+            assert msg["role"] == "assistant" and len(msg["content"].split()) == 7
+            assert full["choices"][0]["finish_reason"] == "length"
+            want_prompt = count_text_tokens(chat_prompt(messages))
+            assert want_prompt == count_text_tokens("system: be brief\nuser: hello there\nassistant: ")
+            assert full["usage"] == {**full["usage"], "completion_tokens": 7, "prompt_tokens": want_prompt,
+                                     "total_tokens": want_prompt + 7}
+
+            body = {"messages": messages, "max_completion_tokens": 7, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            async with s.post(url + "/v1/chat/completions", json=body) as r:
+                assert r.headers["Content-Type"].startswith("text/event-stream")
+                events = await sse(r)
+            assert events[-1] == "[DONE]"
+            role, *content, usage = events[:-1]
+            assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+            assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+            assert "".join(e["choices"][0]["delta"]["content"] for e in content) == msg["content"]
+            counts = [e["usage"]["completion_tokens"] for e in content]
+            assert counts == sorted(counts) and counts[-1] == 7
+            assert content[-1]["choices"][0]["finish_reason"] == "length"
+            assert all(e["choices"][0]["finish_reason"] is None for e in content[:-1])
+            assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 7
+            async with s.get(url + "/metrics") as r:  # both requests went through the one engine
+                m = parse_prometheus(await r.text())
+            assert m["sglang:num_requests_total"] == 2 and m["sglang:generation_tokens_total"] == 14
+            assert m["sglang:prompt_tokens_total"] == 2 * want_prompt
+
+    run(go())
+
+
 BAD_REQUESTS = [
     ("/generate", b'{"text": "x", "sampling_params": {"max_new_tokens": 4}', 400, "malformed JSON"),
     ("/generate", b'[1, 2]', 400, "JSON object"),
@@ -216,6 +257,18 @@ BAD_REQUESTS = [
      "malformed JSON"),
     ("/generate", b'{"a":' * 100_000 + b"1" + b"}" * 100_000, 400, "malformed JSON"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 4, "best_of": 0}', 400, "n and best_of"),
+    ("/v1/chat/completions", b'{"max_tokens": 4}', 400, "messages is required"),
+    ("/v1/chat/completions", b'{"messages": [], "max_tokens": 4}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', 400, "max_tokens is required"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}], "max_tokens": 4}', 400,
+     "messages.0.role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}], "max_tokens": 4}', 400,
+     "messages.0.content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}], '
+                             b'"max_tokens": 4}', 400, "only text parts"),
+    ("/v1/chat/completions", b'{"messages": ["hi"], "max_tokens": 4}', 400, "messages.0 must be an object"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "n": 3}', 400,
+     "n must be 1"),
 ]
 
 
@@ -228,7 +281,7 @@ def test_bad_requests_get_a_4xx_json_error_and_the_server_keeps_serving():
                     body = await r.json()
                 message = body["error"]["message"] if "error" in body else body["message"]
                 assert needle in message, (raw, message)
-                if path == "/v1/completions":
+                if path.startswith("/v1/"):
                     assert body["object"] == "error" and body["code"] == status
             async with s.post(url + "/generate", data=b"x" * (33 * 1024 * 1024)) as r:
                 assert r.status == 413 and "exceeds" in (await r.json())["error"]["message"]

@@ -123,6 +123,23 @@ def test_vllm_bench_serve_json(tmp_path):
     assert math.isnan(row["mean_e2e_ms"]) and math.isnan(row["accept_length"]) and row["policy"] == ""
 
 
+def test_open_loop_runs_percentiles_and_goodput_are_read(tmp_path):
+    p = tmp_path / "vllm-rate4.json"
+    p.write_text(json.dumps({**VLLM_RESULT, "request_rate": 4.0, "max_concurrency": None, "request_goodput": 3.5,
+                             "p90_ttft_ms": 55.0, "p99.9_ttft_ms": 90.0, "p95_e2el_ms": 2550.0}))
+    (row,) = read_vllm_bench(p)
+    assert (row["concurrency"], row["request_rate"]) == (0, 4.0)
+    assert (row["p90_ttft_ms"], row["p99.9_ttft_ms"], row["p95_e2e_ms"]) == (55.0, 90.0, 2550.0)
+    assert row["request_goodput"] == 3.5 and math.isnan(row["p90_tpot_ms"])
+    b = tmp_path / "bs.jsonl"  # bench_serving --request-rate 2 --max-concurrency 8
+    good = {"completed": 1, "duration": 1.0, "output_throughput": 1.0, "mean_ttft_ms": 1.0, "request_rate": 2,
+            "max_concurrency": 8, "p90_e2e_latency_ms": 7.0, "p95_itl_ms": 3.0}
+    b.write_text(json.dumps(good) + "\n" + json.dumps({**good, "request_rate": "inf"}) + "\n")
+    rows = read_bench_serving(b)
+    assert [(r["concurrency"], r["request_rate"], r["repeat"]) for r in rows] == [(8, 2.0, 0), (8, math.inf, 0)]
+    assert rows[0]["p90_e2e_ms"] == 7.0 and rows[0]["p95_itl_ms"] == 3.0
+
+
 def test_reader_errors_name_file_and_line(tmp_path):
     p = tmp_path / "b.jsonl"
     good = {"completed": 1, "duration": 1.0, "output_throughput": 1.0, "mean_ttft_ms": 1.0, "max_concurrency": 2}
@@ -130,7 +147,10 @@ def test_reader_errors_name_file_and_line(tmp_path):
     with pytest.raises(ReaderError, match=r"b.jsonl:2: not JSON"):
         read_bench_serving(p)
     p.write_text(json.dumps({**good, "max_concurrency": None}) + "\n")
-    with pytest.raises(ReaderError, match=r"b.jsonl:1: max_concurrency is None; only closed-loop runs"):
+    with pytest.raises(ReaderError, match=r"b.jsonl:1: max_concurrency is None; a run is a level with"):
+        read_bench_serving(p)
+    p.write_text(json.dumps({**good, "request_rate": -1}) + "\n")
+    with pytest.raises(ReaderError, match=r"b.jsonl:1: request_rate is '-1', not a rate"):
         read_bench_serving(p)
     p.write_text(json.dumps({"hello": 1}) + "\n")
     with pytest.raises(ReaderError, match=r"b.jsonl:1: not a benchmark result \(missing completed"):

@@ -224,8 +224,9 @@ def test_live_backend_server_that_never_gets_healthy_and_a_level_timeout(tmp_pat
     emu = (f"{sys.executable} -m dynspec emulate --profile seed-blackwell --arm baseline --host {{host}} "
            f"--port {{port}} --time-scale {{ts}}")
     data = yaml.safe_load(CI_TINY.read_text())
+    # driver dynspec: these fakes are not SGLang (the bench_serving driver is tested in test_drivers.py)
     data.update(backend="live", model="/models/target", concurrency=[1, 4], num_prompts=6, warmup_requests=0,
-                timeouts={"startup_s": 30, "level_s": 1.5, "request_s": 30, "shutdown_grace_s": 5},
+                driver="dynspec", timeouts={"startup_s": 30, "level_s": 1.5, "request_s": 30, "shutdown_grace_s": 5},
                 arms=[{"name": "broken", "launch": f"{sys.executable} -c 'raise SystemExit(4)' --port {{port}}"},
                       {"name": "slow", "launch": emu.replace("{ts}", "0.05")},
                       {"name": "ok", "launch": emu.replace("{ts}", "20"), "api": "openai"}])
@@ -316,7 +317,7 @@ NOT_HTTP = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKE
 
 def test_a_server_answering_health_with_non_http_is_a_failure_row_and_the_sweep_goes_on(tmp_path):
     data = yaml.safe_load(CI_TINY.read_text())
-    data.update(backend="live", model="/models/target", concurrency=[1], warmup_requests=0,
+    data.update(backend="live", model="/models/target", concurrency=[1], warmup_requests=0, driver="dynspec",
                 timeouts={"startup_s": 1.5, "level_s": 5, "request_s": 5, "shutdown_grace_s": 2},
                 arms=[{"name": "garbage", "launch": [sys.executable, "-c", NOT_HTTP, "{port}", "--port", "{port}"]},
                       {"name": "later", "launch": [sys.executable, "-c", NOT_HTTP, "{port}", "--port", "{port}"]}])
@@ -351,7 +352,7 @@ def _damage(run: Path, what: str) -> Path:
         return results
     if what == "bad concurrency":
         text = results.read_text().splitlines()
-        text[1] = text[1].replace(",1,0,", ",one,0,", 1)
+        text[1] = text[1].replace(",1,inf,0,", ",one,inf,0,", 1)
         results.write_text("\n".join(text) + "\n")
         return results
     if what == "bad header":
@@ -475,7 +476,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 def test_a_crash_is_reported_as_the_crash_even_when_the_exit_lags_the_closed_sockets(tmp_path):
     (tmp_path / "dying.py").write_text(DYING_SERVER)
     cfg = load_config(cfg_file(tmp_path, backend="live", model="/m", concurrency=[1], num_prompts=2,
-                               warmup_requests=0,
+                               warmup_requests=0, driver="dynspec",
                                arms=[{"name": "dying", "launch": f"{{python}} {tmp_path / 'dying.py'} {{port}}"}]))
     result = run_sweep(cfg, run_id="dying", runs_dir=tmp_path / "runs", progress=False)
     assert result.failed

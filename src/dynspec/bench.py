@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from dynspec.jsonl import read_json, read_jsonl
 from dynspec.results import RequestRecord
 
 # Matched unescaped (quote, name, quote, colon), so generated text containing it -- which
@@ -44,93 +42,11 @@ def _leading_int(b: bytes, i: int) -> int:
     return int(b[i:j]) if j > i else -1
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One request's input: token ids or text, and how many tokens to generate (ignore_eos)."""
-
-    output_len: int
-    input_ids: tuple[int, ...] | None = None
-    text: str | None = None
-
-    @property
-    def input_len(self) -> int:
-        """Known input length (token ids); 0 for text, which the server counts."""
-        return len(self.input_ids) if self.input_ids is not None else 0
+# Prompts live in dynspec.prompts; imported here for the callers that know them from here.
+from dynspec.prompts import Prompt, PromptError, build_prompts, file_prompts, random_prompts  # noqa: E402,F401
 
 
-class PromptError(ValueError):
-    """A prompt file that cannot be used; one line naming the file and line."""
-
-
-def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int = 32000,
-                   seed: int = 0) -> list[Prompt]:
-    """n prompts of exactly input_len random token ids (seeded), each generating output_len tokens.
-
-    Ids avoid the lowest 1000, where tokenizers keep their special tokens.
-    """
-    rng = random.Random(seed)
-    lo = min(1000, vocab_size // 2)
-    return [Prompt(output_len, input_ids=tuple(rng.randrange(lo, vocab_size) for _ in range(input_len)))
-            for _ in range(n)]
-
-
-def _read_jsonl(path: Path, output_len: int) -> list[Prompt]:
-    out = []
-    for i, obj in read_jsonl(path, PromptError):
-        if not isinstance(obj, dict):
-            raise PromptError(f"{path}:{i}: each line is an object with prompt or input_ids")
-        n = obj.get("output_len", output_len)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise PromptError(f"{path}:{i}: output_len must be a positive integer")
-        if isinstance(obj.get("input_ids"), list) and obj["input_ids"]:
-            ids = obj["input_ids"]
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise PromptError(f"{path}:{i}: input_ids must be non-negative integers")
-            out.append(Prompt(n, input_ids=tuple(ids)))
-        elif isinstance(obj.get("prompt"), str) and obj["prompt"]:
-            out.append(Prompt(n, text=obj["prompt"]))
-        else:
-            raise PromptError(f"{path}:{i}: needs a non-empty prompt (text) or input_ids (list of ints)")
-    return out
-
-
-def _read_sharegpt(path: Path, output_len: int) -> list[Prompt]:
-    data = read_json(path, PromptError)
-    if not isinstance(data, list):
-        raise PromptError(f"{path}: a ShareGPT file is a JSON list of conversations")
-    out = []
-    for conv in data:
-        turns = conv.get("conversations", conv.get("conversation")) if isinstance(conv, dict) else None
-        # As bench_serving: the first turn is the prompt; conversations need two turns.
-        if isinstance(turns, list) and len(turns) >= 2 and isinstance(turns[0], dict):
-            text = turns[0].get("value")
-            if isinstance(text, str) and text:
-                out.append(Prompt(output_len, text=text))
-    return out
-
-
-def file_prompts(source: str, path: str | Path, n: int, output_len: int, *, seed: int = 0) -> list[Prompt]:
-    """n prompts from a JSONL or ShareGPT file: shuffled with the seed, reused in turn if fewer than n."""
-    path = Path(path)
-    if not path.is_file():
-        raise PromptError(f"{path}: no such prompt file")
-    if source == "jsonl":
-        pool = _read_jsonl(path, output_len)
-    elif source == "sharegpt":
-        pool = _read_sharegpt(path, output_len)
-    else:
-        raise PromptError(f"unknown prompt source {source!r} (random, jsonl, sharegpt)")
-    if not pool:
-        raise PromptError(f"{path}: no usable prompts")
-    random.Random(seed).shuffle(pool)
-    return [pool[i % len(pool)] for i in range(n)]
-
-
-def build_prompts(prompts_cfg, n: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
-    """The prompts of one level from the config's `prompts` section."""
-    if prompts_cfg.source == "random":
-        return random_prompts(n, input_len, output_len, vocab_size=prompts_cfg.vocab_size, seed=seed)
-    return file_prompts(prompts_cfg.source, prompts_cfg.path, n, output_len, seed=seed)
+API_PATHS = {"generate": "/generate", "openai": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 # Requests --------------------------------------------------------------------------------
@@ -145,10 +61,15 @@ def _payload(api: str, prompt: Prompt, model: str | None) -> dict:
         else:
             body["text"] = prompt.text
         return body
-    body = {"prompt": list(prompt.input_ids) if prompt.input_ids is not None else prompt.text,
-            "max_tokens": prompt.output_len, "temperature": 0.0, "ignore_eos": True, "stream": True,
+    if api == "chat":
+        if prompt.text is None:
+            raise ValueError("api chat sends text prompts, not token ids")
+        body = {"messages": [{"role": "user", "content": prompt.text}]}
+    else:
+        body = {"prompt": list(prompt.input_ids) if prompt.input_ids is not None else prompt.text}
+    body.update({"max_tokens": prompt.output_len, "temperature": 0.0, "ignore_eos": True, "stream": True,
             # Per-chunk token counts where the server gives them (vLLM, SGLang), else the final usage.
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     if model:
         body["model"] = model
     return body
@@ -236,7 +157,7 @@ async def _one_request(client, path: str, api: str, prompt: Prompt, model: str |
     clock = time.perf_counter
     start = clock()
     rec = RequestRecord(start=start, end=start, input_tokens=prompt.input_len)
-    sse = _SSEReader(rec, start, api == "openai")
+    sse = _SSEReader(rec, start, api != "generate")
     try:
         status, err_body = await client.post(path, json.dumps(_payload(api, prompt, model)).encode(), sse.feed,
                                              timeout)
@@ -263,7 +184,11 @@ async def _one_request(client, path: str, api: str, prompt: Prompt, model: str |
 
 
 def _has_text(line: bytes) -> bool:
-    return b'"text"' in line and b'"text":""' not in line and b'"text": ""' not in line
+    """A completion chunk with text, or a chat chunk with content (not the role chunk's empty one)."""
+    for key in (b'"text"', b'"content"'):
+        if key in line and key + b':""' not in line and key + b': ""' not in line:
+            return True
+    return False
 
 
 class _Cancelled(Exception):
@@ -303,18 +228,27 @@ class LevelResult:
 async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency: int, *, api: str = "generate",
                           model: str | None = None, warmup: int = 0, request_timeout: float = 600.0,
                           level_timeout: float | None = None, progress: bool = False, desc: str = "",
-                          should_stop: Callable[[], bool] | None = None) -> LevelResult:
-    """Run one closed-loop level: warm-up requests first (not measured), then every prompt once."""
+                          should_stop: Callable[[], bool] | None = None,
+                          arrivals: Sequence[float] | None = None) -> LevelResult:
+    """Run one level: warm-up requests first (not measured), then every prompt once.
+
+    Closed loop (arrivals None): `concurrency` workers, each sending its next prompt when its last
+    request ends.  Open loop: prompt i is sent `arrivals[i]` seconds after the level starts
+    (dynspec.arrivals), at most `concurrency` in flight when it is >= 1 (0: no cap); a request
+    held back by the cap starts its clock when it is sent, as bench_serving's.
+    """
     from dynspec.httpstream import StreamClient
 
-    if api not in ("generate", "openai"):
-        raise ValueError(f"unknown api {api!r} (generate, openai)")
-    if concurrency < 1:
+    if api not in API_PATHS:
+        raise ValueError(f"unknown api {api!r} ({', '.join(API_PATHS)})")
+    if arrivals is None and concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    path = "/generate" if api == "generate" else "/v1/completions"
+    if arrivals is not None and len(arrivals) != len(prompts):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
+    path = API_PATHS[api]
     timeout = request_timeout
     result = LevelResult(requests=[])
-    session = StreamClient(base_url)  # a keep-alive connection per worker
+    session = StreamClient(base_url)  # keeps idle connections for reuse
     try:
         if warmup and prompts:
             wp = [Prompt(min(p.output_len, 32), p.input_ids, p.text) for p in prompts[:warmup]]
@@ -329,23 +263,30 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
 
             bar = tqdm(total=len(prompts), desc=desc or f"C={concurrency}", unit="req", leave=False,
                        mininterval=0.5)
-        todo = iter(range(len(prompts)))
         slots: list[RequestRecord | None] = [None] * len(prompts)
 
-        async def worker() -> None:
-            for i in todo:
-                if should_stop is not None and should_stop():
-                    result.stopped = True
-                    return
-                try:
-                    slots[i] = await _one_request(session, path, api, prompts[i], model, timeout)
-                except _Cancelled as c:
-                    slots[i] = c.rec
-                    raise asyncio.CancelledError from None
-                if bar is not None:
-                    bar.update(1)
+        async def send(i: int) -> None:
+            try:
+                slots[i] = await _one_request(session, path, api, prompts[i], model, timeout)
+            except _Cancelled as c:
+                slots[i] = c.rec
+                raise asyncio.CancelledError from None
+            if bar is not None:
+                bar.update(1)
 
-        tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(prompts)))]
+        if arrivals is None:
+            todo = iter(range(len(prompts)))
+
+            async def worker() -> None:
+                for i in todo:
+                    if should_stop is not None and should_stop():
+                        result.stopped = True
+                        return
+                    await send(i)
+
+            tasks = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(prompts)))]
+        else:
+            tasks = [asyncio.ensure_future(_open_loop(send, arrivals, concurrency, should_stop, result))]
         done, pending = await asyncio.wait(tasks, timeout=level_timeout)
         if pending:
             result.timed_out = True
@@ -362,6 +303,40 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
     result.requests = [r for r in slots if r is not None]
     result.not_sent = len(prompts) - len(result.requests)
     return result
+
+
+async def _open_loop(send, arrivals: Sequence[float], cap: int, should_stop, result: LevelResult) -> None:
+    """Send request i at arrivals[i] (s from now), at most `cap` in flight (0: no cap)."""
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(cap) if cap >= 1 else None
+    t0 = loop.time()
+    tasks: list[asyncio.Future] = []
+
+    async def one(i: int) -> None:
+        if sem is None:
+            return await send(i)
+        async with sem:
+            if should_stop is not None and should_stop():
+                result.stopped = True
+                return
+            await send(i)
+
+    try:
+        for i, at in enumerate(arrivals):
+            if should_stop is not None and should_stop():
+                result.stopped = True
+                break
+            delay = t0 + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:  # cancelled (level timeout) or failed: no request left running
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def run_level(base_url: str, prompts: Sequence[Prompt], concurrency: int, **kwargs) -> LevelResult:

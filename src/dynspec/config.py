@@ -7,8 +7,10 @@ backend refuses them (check_live), naming the key to fill in.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -32,6 +34,7 @@ MAX_PROMPTS = 1_000_000
 MAX_REPEATS = 100
 MAX_SECONDS = 7 * 24 * 3600.0  # any timeout
 MAX_TIME_SCALE = 10_000.0
+MAX_RATE = 1e6  # requests per second
 # Run ids name folders: a safe character set, one line, a bounded length.
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -41,6 +44,28 @@ def run_id_problem(run_id: str) -> str:
     if RUN_ID.fullmatch(run_id):
         return ""
     return f"run id {run_id[:40]!r}: use at most 128 letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
+@dataclass(frozen=True, order=True)
+class Level:
+    """One load level.  Closed loop (rate inf): `concurrency` clients, each sending its next request
+    when its last ends (bench_serving --max-concurrency C).  Open loop: requests arrive at `rate` per
+    second (gamma intervals of shape `burstiness`; 1 is Poisson), at most `concurrency` in flight
+    (0: no cap), as bench_serving --request-rate R [--max-concurrency C]."""
+
+    concurrency: int
+    rate: float = math.inf
+
+    @property
+    def closed(self) -> bool:
+        return math.isinf(self.rate)
+
+    @property
+    def label(self) -> str:
+        """c8, rate2.5, rate2.5_c64: in file names and log lines."""
+        if self.closed:
+            return f"c{self.concurrency}"
+        return f"rate{self.rate:g}" + (f"_c{self.concurrency}" if self.concurrency else "")
 
 
 class ConfigError(ValueError):
@@ -60,22 +85,95 @@ class Timeouts(_Strict):
 
 
 class Prompts(_Strict):
-    source: Literal["random", "jsonl", "sharegpt"] = "random"
+    """What a level sends (dynspec.prompts): random ids or a dataset file, and output lengths."""
+
+    source: Literal["random", "jsonl", "sharegpt", "mtbench"] = "random"
     path: str | None = None
     # Random prompts draw token ids below this; every tokenizer in use has at least 32000.
     vocab_size: int = Field(32000, ge=2, le=1 << 24)
+    # fixed: output_len each; dataset: the file's lengths; range: uniform in [range_ratio x output_len,
+    # output_len] (random prompts: the input length too), as bench_serving's --random-range-ratio.
+    output_lens: Literal["fixed", "dataset", "range"] = "fixed"
+    range_ratio: float = Field(1.0, ge=0, le=1)
+    tokenizer: str | None = None  # counts a ShareGPT reply's tokens (else 4 UTF-8 bytes per token)
 
     @model_validator(mode="after")
     def _path(self) -> "Prompts":
         if self.source == "random" and self.path is not None:
-            raise ValueError("path is only for source jsonl or sharegpt")
+            raise ValueError("path is only for source jsonl, sharegpt or mtbench")
         if self.source != "random" and not self.path:
             raise ValueError(f"source {self.source} needs a path")
+        if self.output_lens == "dataset" and self.source in ("random", "mtbench"):
+            raise ValueError(f"output_lens dataset: source {self.source} gives no output lengths (fixed or range)")
+        if self.output_lens == "range" and self.range_ratio >= 1:
+            raise ValueError("output_lens range needs range_ratio below 1 (1 is output_lens fixed)")
+        if self.tokenizer is not None and not (self.source == "sharegpt" and self.output_lens == "dataset"):
+            raise ValueError("tokenizer only counts ShareGPT replies (source sharegpt, output_lens dataset)")
         return self
+
+
+class SLO(_Strict):
+    """Service-level objectives in ms, as vLLM's --goodput ttft:X tpot:Y e2el:Z: a request is good
+    when it succeeds and meets every one given."""
+
+    ttft_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+    tpot_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+    e2e_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+
+    @model_validator(mode="after")
+    def _some(self) -> "SLO":
+        if self.as_dict() == {}:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        """{"ttft": ms, ...}: what dynspec.results.summarize takes."""
+        return {k.removesuffix("_ms"): v for k, v in self.model_dump().items() if v is not None}
+
+
+class Metrics(_Strict):
+    # TTFT, TPOT, ITL and E2E at these percentiles (50, 90, 95 and 99 are always in the results;
+    # others add columns); the report shows these.
+    percentiles: list[float] = Field([50.0, 90.0, 95.0, 99.0], min_length=1, max_length=16)
+    slo: SLO | None = None
+
+    @field_validator("percentiles", mode="before")
+    @classmethod
+    def _floats(cls, v):
+        # YAML's 99 is an int; a percentile is a number either way (but not a boolean).
+        return [float(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v] \
+            if isinstance(v, list) else v
+
+    @field_validator("percentiles")
+    @classmethod
+    def _range(cls, v: list[float]) -> list[float]:
+        for p in v:
+            if not 0 < p <= 100 or round(p, 3) != p:
+                raise ValueError(f"percentile {p:g} must be in (0, 100] with at most 3 decimals")
+        if len(set(v)) != len(v):
+            raise ValueError("percentiles must not repeat")
+        return v
 
 
 class Emulate(_Strict):
     time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)  # the emulator runs this many times faster than the profile
+
+
+DRIVERS = ("bench_serving", "dynspec")
+
+
+class BenchServing(_Strict):
+    """How the bench_serving driver runs `python -m sglang.bench_serving` (dynspec.sglang_bench_serving)."""
+
+    python: str | None = None  # default: the arm's launch interpreter if it is one, else dynspec's
+    tokenizer: str | None = None  # default: the config's model (bench_serving needs a tokenizer)
+    pythonpath: list[str] = []  # put first on its PYTHONPATH (e.g. an unpacked SGLang)
+    extra_args: list[str] = []  # passed through to bench_serving
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _split(cls, v):
+        return shlex.split(v) if isinstance(v, str) else v
 
 
 class Arm(_Strict):
@@ -84,7 +182,8 @@ class Arm(_Strict):
     sim_arm: str = "baseline"
     launch: list[str] = []  # argv of the live server, with {model} {draft_model} {port} {host}
     env: dict[str, str] = {}
-    api: Literal["generate", "openai"] = "generate"
+    api: Literal["generate", "openai", "chat"] = "generate"
+    driver: Literal["bench_serving", "dynspec"] | None = None  # the client; None: the config's
 
     @field_validator("launch", mode="before")
     @classmethod
@@ -130,7 +229,12 @@ class SweepConfig(_Strict):
     draft_model: str | None = None
     profile: str = "seed-blackwell"  # what the sim and emulate backends model
     host: str = "127.0.0.1"
-    concurrency: list[Annotated[int, Field(le=MAX_CONCURRENCY)]] = Field(min_length=1, max_length=1024)
+    # The levels: closed-loop concurrencies and/or open-loop request rates (requests/s).
+    concurrency: list[Annotated[int, Field(le=MAX_CONCURRENCY)]] = Field([], max_length=1024)
+    request_rates: list[Annotated[float, Field(gt=0, le=MAX_RATE)]] = Field([], max_length=1024)
+    burstiness: float = Field(1.0, gt=0, le=1000)  # rate levels: gamma shape of the intervals (1: Poisson)
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # rate levels: cap on requests in flight
+    rate_duration_s: float = Field(30.0, gt=0, le=MAX_SECONDS)  # rate levels: num_prompts default rate x this
     num_prompts: int | None = Field(None, ge=1, le=MAX_PROMPTS)  # None: max(prompts_per_client*C, min_prompts)
     prompts_per_client: int = Field(5, ge=1, le=MAX_PROMPTS)
     min_prompts: int = Field(50, ge=1, le=MAX_PROMPTS)
@@ -142,6 +246,12 @@ class SweepConfig(_Strict):
     seed: int = 0
     timeouts: Timeouts = Timeouts()
     emulate: Emulate = Emulate()
+    metrics: Metrics = Metrics()
+    # The client that measures emulate and live levels: bench_serving (the real `python -m
+    # sglang.bench_serving`) or dynspec (the built-in generator).  None: bench_serving for live,
+    # dynspec for emulate.  An arm's `driver` overrides it.
+    driver: Literal["bench_serving", "dynspec"] | None = None
+    bench_serving: BenchServing = BenchServing()
     arms: list[Arm] = Field(min_length=1)
 
     @field_validator("concurrency")
@@ -153,6 +263,25 @@ class SweepConfig(_Strict):
             raise ValueError("concurrency levels must not repeat")
         return v
 
+    @field_validator("request_rates", mode="before")
+    @classmethod
+    def _rate_floats(cls, v):
+        return [float(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v] \
+            if isinstance(v, list) else v
+
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if len(set(v)) != len(v):
+            raise ValueError("request rates must not repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _some_level(self) -> "SweepConfig":
+        if not self.concurrency and not self.request_rates:
+            raise ValueError("give concurrency levels, request_rates, or both")
+        return self
+
     @field_validator("arms")
     @classmethod
     def _unique_arms(cls, v: list[Arm]) -> list[Arm]:
@@ -162,11 +291,35 @@ class SweepConfig(_Strict):
             raise ValueError(f"arm names must be unique ({', '.join(dup)} repeats)")
         return v
 
-    def prompts_for(self, concurrency: int) -> int:
-        """Measured requests at one level: the config's num_prompts, else max(5*C, 50) by default."""
+    def levels(self) -> list[Level]:
+        """Closed-loop levels, then open-loop ones, in the config's order."""
+        cap = self.max_concurrency or 0
+        return [Level(c) for c in self.concurrency] + [Level(cap, r) for r in self.request_rates]
+
+    def prompts_for(self, level: Level | int) -> int:
+        """Measured requests at one level: the config's num_prompts, else max(5*C, 50) for a
+        closed-loop level and max(rate x rate_duration_s, 50) for an open-loop one."""
         if self.num_prompts is not None:
             return self.num_prompts
-        return max(self.prompts_per_client * concurrency, self.min_prompts)
+        if isinstance(level, int):
+            level = Level(level)
+        if level.closed:
+            return max(self.prompts_per_client * level.concurrency, self.min_prompts)
+        return max(math.ceil(level.rate * self.rate_duration_s), self.min_prompts)
+
+    def result_columns(self) -> list[str]:
+        """The results file's columns: the schema's, and one per metric for each extra percentile."""
+        from dynspec.results import RESULT_COLUMNS, extra_columns
+
+        return RESULT_COLUMNS + extra_columns(self.metrics.percentiles)
+
+    def summary_args(self) -> dict:
+        """What dynspec.results.summarize takes from the config: percentiles and SLOs."""
+        return {"percentiles": self.metrics.percentiles, "slo": self.metrics.slo.as_dict() if self.metrics.slo else None}
+
+    def driver_for(self, arm: Arm, backend: str) -> str:
+        """The client that measures this arm's levels on this backend."""
+        return arm.driver or self.driver or ("bench_serving" if backend == "live" else "dynspec")
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -178,11 +331,32 @@ class SweepConfig(_Strict):
 def parse_config(data: object, src: str = "<config>") -> SweepConfig:
     cfg = parse_model(SweepConfig, data, src, ConfigError, "sweep config")
     for i, arm in enumerate(cfg.arms):
+        if arm.api == "chat" and cfg.prompts.source == "random":
+            raise ConfigError(f"{src}: arms.{i}.api: chat sends text; random token-id prompts need "
+                              f"api generate or openai (or prompts from a file)")
+
+    for i, arm in enumerate(cfg.arms):
         for word in re.findall(r"\{[^{}]*\}", " ".join(arm.launch)):
             if word not in PLACEHOLDERS:
                 raise ConfigError(f"{src}: arms.{i}.launch: unknown placeholder {word} "
                                   f"(known: {' '.join(PLACEHOLDERS)})")
     return cfg
+
+
+def bench_serving_problem(cfg: SweepConfig) -> str:
+    """What sglang.bench_serving 0.5.9 cannot do of this config ("" when nothing), for every arm it
+    may drive: "key: why"."""
+    p = cfg.prompts
+    if cfg.request_rates and cfg.burstiness != 1.0:
+        return "burstiness: sglang.bench_serving 0.5.9 sends Poisson arrivals only (burstiness 1); use driver dynspec"
+    if p.source == "jsonl":
+        return "prompts.source: the bench_serving driver takes random, sharegpt or mtbench prompts; use driver dynspec"
+    if p.source in ("sharegpt", "mtbench") and p.output_lens == "range":
+        return (f"prompts.output_lens: bench_serving draws lengths by a range ratio for random prompts only; "
+                f"use fixed or dataset with {p.source}")
+    if p.source != "random" and p.output_lens == "fixed" and cfg.output_len < 4:
+        return "output_len: bench_serving's ShareGPT reader refuses output lengths below 4"
+    return ""
 
 
 def load_config(path: str | Path) -> SweepConfig:
@@ -197,6 +371,11 @@ def load_config(path: str | Path) -> SweepConfig:
         if not p.is_file():
             raise ConfigError(f"{path}: prompts.path: no such file {p}")
         cfg = cfg.model_copy(update={"prompts": cfg.prompts.model_copy(update={"path": str(p.resolve())})})
+    tok = cfg.prompts.tokenizer
+    if tok is not None and not Path(tok).is_absolute() and (path.parent / tok).is_dir():
+        # a local tokenizer folder is named relative to the config too (else: a hub name, left as given)
+        cfg = cfg.model_copy(update={"prompts": cfg.prompts.model_copy(
+            update={"tokenizer": str((path.parent / tok).resolve())})})
     return cfg
 
 

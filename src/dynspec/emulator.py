@@ -9,6 +9,8 @@ load generator work against it unchanged:
     POST /generate          text or input_ids; sampling_params.max_new_tokens; streamed or not
     POST /v1/completions    prompt (text or token ids); max_tokens; streamed or not; usage,
                             stream_options.include_usage / continuous_usage_stats
+    POST /v1/chat/completions  messages (text content); max_tokens / max_completion_tokens;
+                            streamed (role, content deltas, finish) or not; usage as above
     POST /set_internal_state  (resets the accept-length average, as SGLang does)
     GET|POST /flush_cache
 
@@ -23,7 +25,8 @@ What it does not model: no tokenizer (a text prompt counts one token per 4 UTF-8
 bytes, at least 1; token ids count one each); no EOS (every request generates
 exactly max_new_tokens, finish_reason "length"); no sampling (temperature and the
 like are accepted and ignored); generated text is a fixed cycle of English words,
-one word per token.  Batch requests (lists of prompts) and n > 1 are refused.
+one word per token.  A chat request's prompt is its messages laid out as
+"role: content" lines ending in "assistant: ", counted as any text prompt.  Batch requests (lists of prompts) and n > 1 are refused.
 """
 
 from __future__ import annotations
@@ -162,6 +165,42 @@ class CompletionBody(_Body):
     n: StrictInt = 1
     best_of: StrictInt | None = None
     ignore_eos: StrictBool = False
+
+
+class ChatBody(_Body):
+    model: StrictStr | None = None
+    messages: list = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = 1
+    ignore_eos: StrictBool = False
+
+
+def chat_prompt(messages: list) -> str:
+    """The text a chat request is counted as: one "role: content" line per message, then
+    "assistant: " (no tokenizer, so no model's chat template).  BadRequest names a bad message."""
+    lines = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages.{i} must be an object with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in ("system", "user", "assistant", "developer", "tool"):
+            raise BadRequest(f"messages.{i}.role must be system, user, assistant, developer or tool, got {role!r}")
+        if isinstance(content, list):  # OpenAI content parts: text only in the emulator
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise BadRequest(f"messages.{i}.content.{j}: only text parts are supported by the emulator")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise BadRequest(f"messages.{i}.content must be a string or a list of text parts")
+        lines.append(f"{role}: {content}\n")
+    return "".join(lines) + "assistant: "
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -670,6 +709,68 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
 
         return await run_stream(request, stream, output_len, chunk)
 
+    async def chat_completions(request):
+        try:
+            body = await _read_json(request, ChatBody)
+            input_len = count_text_tokens(chat_prompt(body.messages))
+            wanted = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            output_len = _output_len(wanted, "max_tokens")
+            if body.n != 1:
+                raise BadRequest("n must be 1 in the emulator")
+            check_lengths(input_len, output_len)
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), openai=True)
+        text = emu.text
+        text.grow(output_len)
+        stream = _Stream("chatcmpl-" + uuid.uuid4().hex, input_len)
+        emu.submit(stream, input_len, output_len)
+        created = int(time.time())
+        model = body.model or emu.model_name
+        p = input_len
+
+        def usage(n: int) -> str:
+            return ('{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
+                    '"reasoning_tokens":0}' % (p, p + n, n))
+
+        if not body.stream:
+            if not await wait_done(request, stream):
+                return web.Response(status=499)
+            n = stream.visible
+            if n < output_len:
+                return _error(500, "the emulator engine failed", openai=True)
+            return web.json_response({
+                "id": stream.rid, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text.text_of(0, n),
+                                                     "reasoning_content": None, "tool_calls": None},
+                             "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+                "usage": json.loads(usage(n)), "metadata": None})
+
+        opts = body.stream_options
+        per_chunk = bool(opts and opts.continuous_usage_stats)
+        final_usage = bool(opts and opts.include_usage)
+        head = ('data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,'
+                % (json.dumps(stream.rid), created, json.dumps(model)))
+        # As SGLang: the first chunk carries the role (and no content), then content deltas.
+        first = [True]
+
+        def chunk(lo: int, hi: int, finished: bool, final: bool = False) -> bytes:
+            if final:
+                if not final_usage:
+                    return b""
+                return (head + '"choices":[],"usage":%s}\n\n' % usage(hi)).encode()
+            role = b""
+            if first[0]:
+                first[0] = False
+                role = (head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                        '"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n').encode()
+            fr = '"length"' if finished else "null"
+            u = usage(hi) if per_chunk else "null"
+            return role + (head + '"choices":[{"index":0,"delta":{"content":"%s"},"logprobs":null,'
+                           '"finish_reason":%s,"matched_stop":null}],"usage":%s}\n\n'
+                           % (text.text_of(lo, hi), fr, u)).encode()
+
+        return await run_stream(request, stream, output_len, chunk)
+
     r = app.router
     for path in ("/health", "/health_generate"):
         r.add_get(path, health)
@@ -686,6 +787,7 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
     r.add_post("/generate", generate)
     r.add_put("/generate", generate)
     r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
     return app
 
 

@@ -96,7 +96,28 @@ def nvcc_version() -> str | None:
     return None
 
 
-def collect_environment(*, probe_torch: bool = True) -> dict:
+def sglang_check_env(python: str | None = None, timeout: float = 120.0) -> str:
+    """What `python -m sglang.check_env` prints (SGLang's own record: CUDA, GPUs, compute
+    capability, every serving package's version, topology), or one line saying why there is none."""
+    from importlib.util import find_spec
+
+    python = python or sys.executable
+    if python == sys.executable and find_spec("sglang") is None:
+        return "sglang is not installed in this environment: no sglang.check_env"
+    try:
+        r = subprocess.run([python, "-m", "sglang.check_env"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"python -m sglang.check_env did not finish within {timeout:g}s"
+    except OSError as exc:
+        return f"python -m sglang.check_env could not start: {exc.strerror or exc}"
+    out = r.stdout.strip()
+    if r.returncode != 0:
+        tail = " | ".join(r.stderr.strip().splitlines()[-2:])
+        return f"python -m sglang.check_env exited with code {r.returncode}: {tail[:400]}" + (f"\n{out}" if out else "")
+    return out
+
+
+def collect_environment(*, probe_torch: bool = True, check_env: bool = False) -> dict:
     """A JSON-ready description of this machine and its serving stack."""
     return {
         "host": socket.gethostname(),
@@ -109,4 +130,6 @@ def collect_environment(*, probe_torch: bool = True) -> dict:
         "torch_cuda": torch_cuda() if probe_torch else None,
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("SGLANG_", "DYNSPEC_", "NCCL_", "CUDA_VISIBLE", "FLASHINFER_"))},
+        # SGLang's own record beside dynspec's (check_env=True: live runs and 00_environment)
+        "sglang_check_env": sglang_check_env() if check_env else None,
     }

@@ -1,11 +1,18 @@
 """A small HTTP/1.1 client for streamed responses, on asyncio's Protocol API.
 
-Why not aiohttp here: reading a stream through aiohttp costs a StreamReader round trip
-(a future, a task wake-up, buffer bookkeeping) per chunk.  Profiled against the emulator
-at C=256, the aiohttp version of the load generator spent about 55 us of CPU per
-streamed chunk, most of it there, not in our code.  A Protocol gets each socket read as a plain callback, so the body bytes go
-straight to the caller's handler with the moment they arrived, and no coroutine wakes
-until the response ends.
+Where it is used, and the need it serves (issue 17): only by dynspec's built-in driver
+(dynspec.bench), which measures emulated sweeps and CI; live sweeps default to the real
+`sglang.bench_serving` (TLS, proxies, its own client).  The measured need is client CPU on
+small machines where the client shares cores with the emulator: 57,835 output tokens per
+client CPU-second against sglang.bench_serving 0.5.9's 20,267 (2.85x) at C=256, and about
+55 us of CPU per streamed chunk for the earlier aiohttp version of this generator, most of
+it in aiohttp's StreamReader round trip (a future, a task wake-up, buffer bookkeeping per
+chunk; benchmarks/bench_loadgen.py, docs/GPU_NODE.md "Load generator").  On the wall clock
+that was 1.06x, because the emulator set the pace: by the issue's own criterion this is not
+yet a user-visible need, and replacing this module by aiohttp's client is the open
+follow-up (docs/GPU_NODE.md says so).  A Protocol gets each socket read as a plain
+callback, so the body bytes go straight to the caller's handler with the moment they
+arrived, and no coroutine wakes until the response ends.
 
 What it speaks: POST with a JSON body; responses with Transfer-Encoding: chunked,
 Content-Length, or read-until-close; keep-alive connections reused one request at a

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
 from dynspec.jsonl import read_json, read_jsonl, read_text
-from dynspec.results import make_row
+from dynspec.results import make_row, percentile_label
 from dynspec.servers import dynspec_state
 
 
@@ -63,12 +64,21 @@ def _policy(server_info, where: str) -> str:
     return ""
 
 
-def _concurrency(obj: dict, where: str) -> int:
+def _level(obj: dict, where: str) -> tuple[int, float]:
+    """(concurrency, request_rate) of a run: a closed-loop level (--max-concurrency N, rate inf) or
+    an open-loop one (--request-rate R, concurrency its cap or 0 for none)."""
     c = obj.get("max_concurrency")
+    rate = obj.get("request_rate", math.inf)
+    if rate in ("inf", "Infinity", None):
+        rate = math.inf
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise ReaderError(f"{where}: request_rate is {str(rate)[:40]!r}, not a rate in requests/s")
+    if c is None and not math.isinf(rate):
+        return 0, float(rate)
     if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c < _MAX_COUNT:
-        raise ReaderError(f"{where}: max_concurrency is {c!r}; only closed-loop runs "
-                          f"(--max-concurrency N) fit the table's concurrency levels")
-    return c
+        raise ReaderError(f"{where}: max_concurrency is {c!r}; a run is a level with --max-concurrency N "
+                          f"(closed loop) or --request-rate R (open loop)")
+    return c, float(rate)
 
 
 def _failed(obj: dict, where: str) -> float:
@@ -102,8 +112,13 @@ def _check(obj, where: str, needed: tuple[str, ...]) -> dict:
     return obj
 
 
+_PCT_KEY = re.compile(r"p(\d{1,2}(?:\.\d{1,3})?)_(ttft|tpot|itl|e2el|e2e_latency)_ms")
+
+
 def _metrics(obj: dict, accept_key: str, e2e_key: str, where: str) -> dict:
-    """The metric columns both tools report, under their own names for two of them; each checked."""
+    """The metric columns both tools report, under their own names for some; each checked.
+    Percentiles are taken as the file has them (bench_serving 0.5.9: median, p99, p90 E2E,
+    p95 ITL; vLLM: its --metric-percentiles), the rest NaN; goodput where vLLM measured it."""
     metrics = {
         "completed": _count(obj, "completed", where), "failed": _failed(obj, where),
         "duration_s": _num(obj, "duration", where),
@@ -111,23 +126,30 @@ def _metrics(obj: dict, accept_key: str, e2e_key: str, where: str) -> dict:
         "total_output_tokens": _num(obj, "total_output_tokens", where),
         "output_throughput": _num(obj, "output_throughput", where),
         "request_throughput": _num(obj, "request_throughput", where),
+        "request_goodput": _num(obj, "request_goodput", where),
         "accept_length": _num(obj, accept_key, where),
     }
     for m in _METRICS:
         src = e2e_key if m == "e2e" else m
-        for s in ("mean", "median", "p99"):
+        for s in ("mean", "median"):
             metrics[f"{s}_{m}_ms"] = _num(obj, f"{s}_{src}_ms", where)
+    for key in obj:
+        hit = _PCT_KEY.fullmatch(key)
+        if hit:
+            p, m = float(hit.group(1)), hit.group(2)
+            m = "e2e" if m in ("e2el", "e2e_latency") else m
+            metrics[f"{percentile_label(p)}_{m}_ms"] = _num(obj, key, where)
     return metrics
 
 
 def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
                       profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
-    c = _concurrency(obj, where)
+    c, rate = _level(obj, where)
     metrics = _metrics(obj, "accept_length", "e2e_latency", where)
     ids = dict(run_id=run_id, arm=_text(arm or obj.get("tag") or obj.get("backend") or "bench_serving", where),
                policy=_policy(obj.get("server_info"), where), backend=backend, profile=profile,
-               concurrency=c, repeat=repeat)
+               concurrency=c, request_rate=rate, repeat=repeat)
     return make_row(ids, metrics)
 
 
@@ -141,7 +163,7 @@ def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str 
     for i, obj in read_jsonl(path, ReaderError):
         row = bench_serving_row(obj, where=f"{path}:{i}", arm=arm, run_id=run_id or path.stem,
                                 profile=profile, backend=backend)
-        row["repeat"] = _repeat(seen, row["arm"], row["concurrency"])
+        row["repeat"] = _repeat(seen, row["arm"], (row["concurrency"], row["request_rate"]))
         rows.append(row)
     if not rows:
         raise ReaderError(f"{path}: no results in the file")
@@ -151,12 +173,13 @@ def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str 
 def vllm_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "", profile: str = "",
              backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput"))
-    c = _concurrency(obj, where)
+    c, rate = _level(obj, where)
     # vLLM's acceptance length counts the bonus token, as SGLang's does.
     metrics = _metrics(obj, "spec_decode_acceptance_length", "e2el", where)
     spec = obj.get("spec_decode_acceptance_length") is not None
     ids = dict(run_id=run_id, arm=_text(arm or obj.get("label") or obj.get("backend") or "vllm", where),
-               policy="always" if spec else "", backend=backend, profile=profile, concurrency=c, repeat=repeat)
+               policy="always" if spec else "", backend=backend, profile=profile, concurrency=c, request_rate=rate,
+               repeat=repeat)
     return make_row(ids, metrics)
 
 
@@ -190,7 +213,7 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
     """Number repeats across files: the n-th run of (arm, concurrency) gets repeat n."""
     seen: dict = {}
     for row in rows:
-        row["repeat"] = _repeat(seen, row["arm"], row["concurrency"])
+        row["repeat"] = _repeat(seen, row["arm"], (row["concurrency"], row["request_rate"]))
     return rows
 
 

@@ -23,18 +23,20 @@ import pandas as pd
 import yaml
 
 from dynspec.paths import REPO_ROOT
-from dynspec.results import METRIC_COLUMNS, read_table
+from dynspec.results import DEFAULT_PERCENTILES, LATENCIES, METRIC_COLUMNS, closed_loop, open_loop, \
+    percentile_label, read_table
 
 SEED_LABEL = "measured by the seed investigation on 8x RTX PRO 6000 Blackwell, TP 8"
 REFERENCE_COLUMNS = ["arm", "concurrency", "output_throughput", "approximate", "level", "source"]
 # Where the seed's table lives in a checkout (data/ is not package data).
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "data" / "reference" / "seed.csv"
 LEVEL_METRICS = [
-    "output_throughput", "request_throughput",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "mean_tpot_ms",
-    "median_itl_ms", "p99_itl_ms", "accept_length", "spec_step_fraction", "switches",
+    "output_throughput", "request_throughput", "request_goodput", "slo_attainment",
+    *[f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90", "p95", "p99")],
+    "accept_length", "spec_step_fraction", "switches",
 ]
 FEW_SPEC_STEPS = 0.2  # below this share of steps speculated, an accept length is a probe's estimate
+_EXTRA_PCT = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2e)_ms")
 
 
 class ReportError(ValueError):
@@ -79,7 +81,7 @@ def _one(df: pd.DataFrame, col: str) -> str:
 def numeric_metrics(df: pd.DataFrame) -> pd.DataFrame:
     """Metric columns as floats whatever the file held (a column with no value at all reads as text)."""
     df = df.copy()
-    for col in METRIC_COLUMNS:
+    for col in METRIC_COLUMNS + [c for c in df.columns if _EXTRA_PCT.fullmatch(str(c))]:
         if col != "error" and col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
@@ -178,25 +180,40 @@ def roles(levels: pd.DataFrame) -> tuple[str | None, str | None]:
 
 
 def level_table(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run_id, arm, concurrency): repeats averaged, failed repeats left out.
+    """One row per (run_id, arm, concurrency) of the closed-loop levels: repeats averaged, failed
+    repeats left out.  (Open-loop levels: rate_table.)
 
     A repeat counts as failed when it has an error or completed nothing; `repeats` and
     `failed_repeats` say how many went into and out of each mean.
     """
+    return _levels(closed_loop(results), ["run_id", "arm", "concurrency"])
+
+
+def rate_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run_id, arm, request_rate, concurrency cap) of the open-loop levels, as level_table."""
+    return _levels(open_loop(results), ["run_id", "arm", "request_rate", "concurrency"])
+
+
+def _levels(results: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     df = numeric_metrics(results)
+    metrics = LEVEL_METRICS + [c for c in df.columns if _EXTRA_PCT.fullmatch(str(c)) and c not in LEVEL_METRICS]
+    for m in metrics:
+        if m not in df:
+            df[m] = np.nan
     bad = (df["error"].astype(str) != "") | ~(pd.to_numeric(df["completed"], errors="coerce") > 0) \
         | pd.to_numeric(df["output_throughput"], errors="coerce").isna()
     df["_bad"] = bad
-    keys = ["run_id", "arm", "concurrency"]
-    agg = {m: "mean" for m in LEVEL_METRICS}
+    if df.empty:
+        return pd.DataFrame(columns=keys + ["repeats", "failed_repeats", "policy", "backend", "profile"] + metrics)
+    agg = {m: "mean" for m in metrics}
     good = df[~bad]
-    out = good.groupby(keys, sort=True).agg(agg).reset_index() if len(good) else pd.DataFrame(columns=keys + LEVEL_METRICS)
+    out = good.groupby(keys, sort=True).agg(agg).reset_index() if len(good) else pd.DataFrame(columns=keys + metrics)
     counts = df.groupby(keys).agg(repeats=("_bad", "size"), failed_repeats=("_bad", "sum"),
                                   policy=("policy", "first"), backend=("backend", "first"),
                                   profile=("profile", "first")).reset_index()
     out = counts.merge(out, on=keys, how="left")
     out["concurrency"] = out["concurrency"].astype(int)
-    return out.sort_values(["run_id", "arm", "concurrency"]).reset_index(drop=True)
+    return out.sort_values(keys).reset_index(drop=True)
 
 
 def failed_levels(results: pd.DataFrame) -> pd.DataFrame:
@@ -329,11 +346,65 @@ def reference_comparison(levels: pd.DataFrame, reference: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def latency_table(levels: pd.DataFrame) -> pd.DataFrame:
-    """Median and p99 TTFT and TPOT (ms) by concurrency (rows) and arm (columns)."""
-    cols = {"median_ttft_ms": "TTFT median", "p99_ttft_ms": "TTFT p99",
-            "median_tpot_ms": "TPOT median", "p99_tpot_ms": "TPOT p99"}
-    return _wide_many(levels, cols)
+def latency_table(levels: pd.DataFrame, percentiles=(50, 99), metrics=("ttft", "tpot")) -> pd.DataFrame:
+    """Latency percentiles (ms) by concurrency (rows) and arm (columns): each metric of `metrics`
+    (ttft, tpot, itl, e2e) at each percentile (the run's: run_percentiles)."""
+    cols = {f"{percentile_label(p)}_{m}_ms": f"{m.upper()} {'median' if p == 50 else percentile_label(p)}"
+            for m in metrics for p in percentiles}
+    return _wide_many(levels, {c: label for c, label in cols.items() if c in levels})
+
+
+def run_percentiles(run: "Run") -> list[float]:
+    """The percentiles the run's config asked for (the default four for runs before they could)."""
+    ps = (run.config.get("metrics") or {}).get("percentiles") if isinstance(run.config, dict) else None
+    return [float(p) for p in ps] if isinstance(ps, list) and ps else list(DEFAULT_PERCENTILES)
+
+
+def run_slo(run: "Run") -> dict:
+    """The run's SLOs in ms ({"ttft_ms": ..}); empty when it gave none."""
+    slo = (run.config.get("metrics") or {}).get("slo") if isinstance(run.config, dict) else None
+    return {k: v for k, v in slo.items() if v is not None} if isinstance(slo, dict) else {}
+
+
+def goodput_table(levels: pd.DataFrame) -> pd.DataFrame:
+    """Requests per second meeting every SLO, and their share of all requests, by level and arm."""
+    return _wide_many(levels, {"request_goodput": "goodput (req/s)", "slo_attainment": "met every SLO"})
+
+
+def _markdown(text: str):
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def slo_text(slo: dict) -> str:
+    return ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.items())
+
+
+def goodput_section(levels: pd.DataFrame, slo: dict) -> list:
+    """What the notebook shows under goodput: the SLOs and the table, or why there is none."""
+    if not slo:
+        return [_markdown("*No SLOs in this run's config (`metrics.slo`): no goodput.*")]
+    return [_markdown(f"SLOs: {slo_text(slo)}"), goodput_table(levels).round(3)]
+
+
+def rate_section(run: "Run", percentiles) -> list:
+    """What the notebook shows for the open-loop levels: their table, or that there are none."""
+    rates = rate_table(run.results)
+    if not len(rates):
+        return [_markdown("*No open-loop levels in this run.*")]
+    return [rate_summary(rates, percentiles).round(2)]
+
+
+def rate_summary(rates: pd.DataFrame, percentiles=(50, 99)) -> pd.DataFrame:
+    """The open-loop levels as one long table: offered and achieved rates, throughput, latencies, goodput."""
+    cols = ["arm", "request_rate", "concurrency", "request_throughput", "output_throughput"]
+    cols += [f"{percentile_label(p)}_{m}_ms" for m in ("ttft", "tpot") for p in percentiles]
+    cols += ["request_goodput", "slo_attainment"]
+    out = rates[[c for c in cols if c in rates]].rename(columns={
+        "request_rate": "offered req/s", "concurrency": "cap (0: none)", "request_throughput": "served req/s",
+        "output_throughput": "output tok/s"})
+    return out.dropna(axis=1, how="all")
 
 
 def speculation_table(levels: pd.DataFrame) -> pd.DataFrame:
@@ -550,9 +621,36 @@ def run_summary(run: Run) -> str:
         parts.append(f"profile `{run.profile}`")
     if run.hardware:
         parts.append(f"hardware: {run.hardware}")
-    parts.append(f"arms: {', '.join(sorted(set(lv['arm'])))}")
-    parts.append(f"concurrency: {', '.join(str(c) for c in sorted(set(lv['concurrency'])))}")
+    parts.append(f"arms: {', '.join(sorted(set(run.results['arm'])))}")
+    if len(lv):
+        parts.append(f"concurrency: {', '.join(str(c) for c in sorted(set(lv['concurrency'])))}")
+    rates = rate_table(run.results)
+    if len(rates):
+        parts.append(f"request rates (req/s): {', '.join(f'{r:g}' for r in sorted(set(rates['request_rate'])))}")
+    source = prompt_source(run.config)
+    if source:
+        parts.append(f"prompts: {source}")
+    slo = run_slo(run)
+    if slo:
+        parts.append(f"SLOs: {slo_text(slo)}")
     return " · ".join(parts)
+
+
+def prompt_source(config: dict) -> str:
+    """Which prompts the run sent, in words, from its saved config ("" when it does not say)."""
+    if not isinstance(config, dict) or not config:
+        return ""
+    p = config.get("prompts") or {}
+    source = p.get("source", "random") if isinstance(p, dict) else "random"
+    out_len = config.get("output_len")
+    if source == "random":
+        return f"random token ids ({config.get('input_len')} in / {out_len} out)"
+    name = Path(str(p.get("path") or "")).name
+    words = {"jsonl": "JSONL prompt file", "sharegpt": "ShareGPT file", "mtbench": "MT-bench question file"}
+    lengths = p.get("output_lens", "fixed")
+    how = {"dataset": "output lengths from the dataset", "fixed": f"{out_len} output tokens each",
+           "range": f"output lengths drawn in [{p.get('range_ratio')} x {out_len}, {out_len}]"}.get(lengths, "")
+    return f"{words.get(source, source)} `{name}`" + (f", {how}" if how else "")
 
 
 def findings(levels: pd.DataFrame) -> str:
@@ -802,26 +900,65 @@ def envelope_figure(levels: pd.DataFrame):
     return fig
 
 
-def latency_figure(levels: pd.DataFrame):
-    """TTFT and TPOT, median (solid) and p99 (dashed), per arm."""
+def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
+    """TTFT and TPOT at each percentile (one line style each), per arm."""
     plt, sns = _style()
     long = []
+    stats = [percentile_label(p) for p in percentiles]
     for metric in ("ttft", "tpot"):
-        for stat in ("median", "p99"):
-            d = levels[["arm", "concurrency", f"{stat}_{metric}_ms"]].rename(columns={f"{stat}_{metric}_ms": "ms"})
+        for stat in stats:
+            col = f"{stat}_{metric}_ms"
+            if col not in levels:
+                continue
+            d = levels[["arm", "concurrency", col]].rename(columns={col: "ms"})
             long.append(d.assign(metric=metric.upper(), percentile=stat))
     long = pd.concat(long).dropna(subset=["ms"])
     order = [a for a in arm_order(levels) if a in set(long["arm"])]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     for ax, metric in zip(axes, ("TTFT", "TPOT")):
         sns.lineplot(data=long[long["metric"] == metric], x="concurrency", y="ms", hue="arm", hue_order=order,
-                     palette=palette(levels), style="percentile", style_order=["median", "p99"], markers=True,
+                     palette=palette(levels), style="percentile", style_order=stats, markers=True,
                      ax=ax, legend=metric == "TPOT")
         _log_x(ax, long["concurrency"])
         ax.set_yscale("log")
         ax.set_ylabel(f"{metric} (ms, log scale)")
-        ax.set_title(f"{metric}: median (solid) and p99 (dashed)")
+        ax.set_title(f"{metric}: {', '.join(stats)} (one line style each)")
     _legend_below(fig, axes[1])
+    return fig
+
+
+def pareto_points(levels: pd.DataFrame, percentile: float = 50) -> pd.DataFrame:
+    """Each arm and level as a point (tokens/s per user = 1000 / TPOT at the percentile, output tok/s),
+    and whether no other point of the run beats it on both axes (`pareto`)."""
+    col = f"{percentile_label(percentile)}_tpot_ms"
+    d = levels[["arm", "concurrency", "output_throughput", col]].dropna().copy()
+    d["per_user"] = 1000.0 / d[col]
+    xs, ys = d["per_user"].to_numpy(), d["output_throughput"].to_numpy()
+    d["pareto"] = [not ((xs >= x) & (ys >= y) & ((xs > x) | (ys > y))).any() for x, y in zip(xs, ys)]
+    return d.reset_index(drop=True)
+
+
+def pareto_figure(levels: pd.DataFrame, percentile: float = 50, slo_tpot_ms: float | None = None):
+    """Output throughput against tokens per second per user (1000 / TPOT at the percentile), one line
+    per arm through its levels; the run's Pareto front outlined; an SLO on TPOT as a line."""
+    plt, sns = _style()
+    d = pareto_points(levels, percentile)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    order = [a for a in arm_order(levels) if a in set(d["arm"])]
+    colours = palette(levels)
+    for arm in order:
+        a = d[d["arm"] == arm].sort_values("concurrency")
+        ax.plot(a["per_user"], a["output_throughput"], marker="o", color=colours.get(arm), label=arm)
+    front = d[d["pareto"]].sort_values("per_user")
+    ax.plot(front["per_user"], front["output_throughput"], linestyle="none", marker="o", markersize=13,
+            markerfacecolor="none", markeredgecolor="black", label="Pareto front")
+    if slo_tpot_ms:
+        ax.axvline(1000.0 / slo_tpot_ms, color="grey", linestyle="--", label=f"TPOT SLO {slo_tpot_ms:g} ms")
+    ax.set_xlabel(f"tokens/s per user (1000 / {percentile_label(percentile)} TPOT ms)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput against interactivity (each point a concurrency level)")
+    ax.legend()
+    _legend_below(fig, ax)
     return fig
 
 
@@ -862,30 +999,6 @@ def speculation_figure(levels: pd.DataFrame):
         _log_x(ax, levels["concurrency"])
         ax.set_xlabel("concurrency = max decode batch size (log scale)")
     _legend_below(fig, a2)
-    return fig
-
-
-def pareto_figure(levels: pd.DataFrame):
-    """Latency against throughput: median TPOT vs output tok/s per arm, one point per level.
-
-    Down and to the right is better; an arm whose curve lies below and right of another's
-    gives more tokens per second at the same per-token latency."""
-    plt, sns = _style()
-    d = levels.dropna(subset=["output_throughput", "median_tpot_ms"]).sort_values("concurrency")
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    colours = palette(levels)
-    for arm in [a for a in arm_order(levels) if a in set(d["arm"])]:
-        a = d[d["arm"] == arm]
-        ax.plot(a["output_throughput"], a["median_tpot_ms"], marker="o", markersize=4, color=colours[arm],
-                label=arm)
-        for _, end in a.iloc[[0, -1]].iterrows():  # label the lowest and highest load
-            ax.annotate(f"C={int(end['concurrency'])}", (end["output_throughput"], end["median_tpot_ms"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[arm])
-    ax.set_xlabel("output throughput (tok/s)")
-    ax.set_ylabel("median TPOT (ms)")
-    ax.set_title("Latency vs throughput (each point a concurrency level; lower right is better)")
-    ax.legend()
-    _legend_below(fig, ax)
     return fig
 
 

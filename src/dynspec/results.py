@@ -14,6 +14,7 @@ import csv
 import io
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -22,16 +23,52 @@ import numpy as np
 
 from dynspec.atomic import open_append, write_text
 
+# Percentiles every results file carries (TTFT, TPOT, ITL, E2E): 50 is the "median" column.
+# A config may ask for more; each adds its own columns after these (extra_columns).
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
 # Column order of every results file.  Names follow sglang.bench_serving where it has one.
-ID_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "concurrency", "repeat"]
+# request_rate is the level's offered rate in requests/s: inf for a closed-loop level (as
+# bench_serving records it), where concurrency is the level; for an open-loop level
+# concurrency is the cap on requests in flight (0: none).
+ID_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "concurrency", "request_rate", "repeat"]
 METRIC_COLUMNS = [
     "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
-    "output_throughput", "request_throughput",
-    *[f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "median", "p99")],
+    "output_throughput", "request_throughput", "request_goodput", "slo_attainment",
+    *[f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90", "p95", "p99")],
     "accept_length", "spec_step_fraction", "switches", "error",
 ]
 RESULT_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
 TEXT_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "error"]
+# The schema before issue 17 (median and p99 only, no rates, no goodput): still read, its
+# missing columns NaN (request_rate inf: every level then was closed-loop).
+LEGACY_COLUMNS = [
+    "run_id", "arm", "policy", "backend", "profile", "concurrency", "repeat",
+    "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
+    "output_throughput", "request_throughput",
+    *[f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p99")],
+    "accept_length", "spec_step_fraction", "switches", "error",
+]
+_EXTRA = re.compile(r"p(\d{1,2}(?:\.\d{1,3})?|100)_(ttft|tpot|itl|e2e)_ms")
+
+
+def percentile_label(p: float) -> str:
+    """50 -> "median", 99 -> "p99", 99.9 -> "p99.9": the column prefix of a percentile."""
+    return "median" if p == 50 else f"p{p:g}"
+
+
+def extra_columns(percentiles) -> list[str]:
+    """Columns a list of percentiles adds beyond the fixed ones."""
+    fixed = set(DEFAULT_PERCENTILES)
+    return [f"{percentile_label(p)}_{m}_ms" for m in LATENCIES for p in sorted(set(percentiles)) if p not in fixed]
+
+
+def _known(columns: list[str]) -> bool:
+    """A header this module reads: the current or legacy columns, then extra percentile columns."""
+    for base in (RESULT_COLUMNS, LEGACY_COLUMNS):
+        if columns[:len(base)] == base and all(_EXTRA.fullmatch(c) for c in columns[len(base):]):
+            return True
+    return False
 
 
 @dataclass
@@ -55,26 +92,48 @@ class RequestRecord:
         return asdict(self)
 
 
-def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
+def _stats(prefix: str, values: Sequence[float], percentiles) -> dict[str, float]:
+    ps = sorted(set(DEFAULT_PERCENTILES) | set(percentiles))
     if len(values) == 0:
-        return {f"mean_{prefix}_ms": math.nan, f"median_{prefix}_ms": math.nan, f"p99_{prefix}_ms": math.nan}
+        return {f"mean_{prefix}_ms": math.nan, **{f"{percentile_label(p)}_{prefix}_ms": math.nan for p in ps}}
     a = np.asarray(values, dtype=float) * 1000.0
-    return {
-        f"mean_{prefix}_ms": float(a.mean()),
-        f"median_{prefix}_ms": float(np.median(a)),
-        f"p99_{prefix}_ms": float(np.percentile(a, 99)),
-    }
+    q = np.percentile(a, ps)
+    return {f"mean_{prefix}_ms": float(a.mean()),
+            **{f"{percentile_label(p)}_{prefix}_ms": float(v) for p, v in zip(ps, q)}}
+
+
+def _tpot(r: RequestRecord) -> float | None:
+    return (r.e2e - r.ttft) / (r.output_tokens - 1) if r.ttft is not None and r.output_tokens > 1 else None
+
+
+def good_requests(requests: Sequence[RequestRecord], slo: dict[str, float]) -> int:
+    """Requests that succeeded and met every given SLO (ms; keys ttft, tpot, e2e), as vLLM's
+    --goodput: a request of one output token counts TPOT 0."""
+    n = 0
+    for r in requests:
+        if not r.ok or r.ttft is None:
+            continue
+        got = {"ttft": r.ttft, "tpot": _tpot(r) or 0.0, "e2e": r.e2e}
+        if all(got[k] * 1000.0 <= v for k, v in slo.items()):
+            n += 1
+    return n
 
 
 def summarize(
     requests: Iterable[RequestRecord],
     *,
+    percentiles=DEFAULT_PERCENTILES,
+    slo: dict[str, float] | None = None,
     accept_length: float = math.nan,
     spec_step_fraction: float = math.nan,
     switches: float = math.nan,
     error: str = "",
 ) -> dict:
-    """Reduce per-request records to the metric columns of one results row."""
+    """Reduce per-request records to the metric columns of one results row.
+
+    slo (ms, keys among ttft, tpot, e2e): request_goodput is the requests per second that
+    met all of them, slo_attainment their share of every measured request (failed included).
+    """
     reqs = list(requests)
     ok = [r for r in reqs if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -82,84 +141,108 @@ def summarize(
         duration = max(r.end for r in ok) - min(r.start for r in reqs)
     else:
         duration = math.nan
+    rated = bool(ok) and duration > 0
+    good = good_requests(reqs, slo) if slo else None
     row = {
         "completed": len(ok),
         "failed": len(reqs) - len(ok),
         "duration_s": duration,
         "total_input_tokens": sum(r.input_tokens for r in ok),
         "total_output_tokens": out_tokens,
-        "output_throughput": out_tokens / duration if ok and duration > 0 else math.nan,
-        "request_throughput": len(ok) / duration if ok and duration > 0 else math.nan,
+        "output_throughput": out_tokens / duration if rated else math.nan,
+        "request_throughput": len(ok) / duration if rated else math.nan,
+        "request_goodput": good / duration if good is not None and rated else (0.0 if good == 0 else math.nan),
+        "slo_attainment": good / len(reqs) if good is not None and reqs else math.nan,
     }
-    row.update(_stats("ttft", [r.ttft for r in ok if r.ttft is not None]))
-    row.update(_stats("tpot", [(r.e2e - r.ttft) / (r.output_tokens - 1)
-                               for r in ok if r.ttft is not None and r.output_tokens > 1]))
-    row.update(_stats("itl", [x for r in ok for x in r.itls]))
-    row.update(_stats("e2e", [r.e2e for r in ok]))
+    row.update(_stats("ttft", [r.ttft for r in ok if r.ttft is not None], percentiles))
+    row.update(_stats("tpot", [t for t in map(_tpot, ok) if t is not None], percentiles))
+    row.update(_stats("itl", [x for r in ok for x in r.itls], percentiles))
+    row.update(_stats("e2e", [r.e2e for r in ok], percentiles))
     row.update(accept_length=accept_length, spec_step_fraction=spec_step_fraction,
                switches=switches, error=error)
     return row
 
 
 def make_row(ids: dict, metrics: dict) -> dict:
-    """A full results row in column order; unknown keys are refused, missing ones are NaN."""
-    extra = set(ids) - set(ID_COLUMNS) | set(metrics) - set(METRIC_COLUMNS)
-    if extra:
-        raise ValueError(f"unknown result columns: {', '.join(sorted(extra))}")
-    merged = {**ids, **metrics}
-    return {c: merged.get(c, "" if c in TEXT_COLUMNS else math.nan) for c in RESULT_COLUMNS}
+    """A full results row in column order (extra percentile columns last, as given); unknown keys
+    are refused, missing ones are NaN (request_rate: inf, a closed-loop level)."""
+    extra = [k for k in metrics if k not in METRIC_COLUMNS and _EXTRA.fullmatch(k)]
+    unknown = set(ids) - set(ID_COLUMNS) | set(metrics) - set(METRIC_COLUMNS) - set(extra)
+    if unknown:
+        raise ValueError(f"unknown result columns: {', '.join(sorted(unknown))}")
+    merged = {"request_rate": math.inf, **ids, **metrics}
+    return {c: merged.get(c, "" if c in TEXT_COLUMNS else math.nan) for c in RESULT_COLUMNS + extra}
+
+
+def _split(row: dict) -> tuple[dict, dict]:
+    return {k: v for k, v in row.items() if k in ID_COLUMNS}, {k: v for k, v in row.items() if k not in ID_COLUMNS}
 
 
 class ResultsWriter:
     """Appends rows to a CSV, flushed and fsynced per row, so a crash loses none.
 
-    A partly written last line (a crash mid-write) is dropped when the file is reopened.
+    columns: RESULT_COLUMNS plus any extra percentile columns (extra_columns).  A partly
+    written last line (a crash mid-write) is dropped when the file is reopened; a file with
+    other columns (the legacy schema, other percentiles) is rewritten in these, values kept.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, columns: list[str] | None = None):
         self.path = Path(path)
+        self.columns = list(columns or RESULT_COLUMNS)
+        if not _known(self.columns):
+            raise ValueError(f"not a results schema: {', '.join(self.columns)}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size:
             self._repair()
         else:
-            self._write_text(",".join(RESULT_COLUMNS) + "\n")
+            self._write_text(",".join(self.columns) + "\n")
 
     def _write_text(self, text: str) -> None:
         write_text(self.path, text)
 
     def _repair(self) -> None:
-        _, torn = read_rows(self.path)
+        rows, torn, header = _read(self.path)
         text = self.path.read_text()
-        if torn:
+        if header != self.columns:
+            buf = io.StringIO(newline="")
+            w = csv.DictWriter(buf, fieldnames=self.columns, restval="nan", extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+            self._write_text(buf.getvalue())
+        elif torn:
             self._write_text(text[: text.rfind("\n") + 1])
         elif not text.endswith("\n"):  # a whole last row that lost only its newline stays
             self._write_text(text + "\n")
 
     def append(self, row: dict) -> None:
-        row = make_row({k: v for k, v in row.items() if k in ID_COLUMNS},
-                       {k: v for k, v in row.items() if k not in ID_COLUMNS})
+        row = make_row(*_split(row))
         buf = io.StringIO(newline="")
-        csv.DictWriter(buf, fieldnames=RESULT_COLUMNS).writerow(row)
+        csv.DictWriter(buf, fieldnames=self.columns, restval="nan", extrasaction="ignore").writerow(row)
         with open_append(self.path) as f:  # one write per row; never through a link
             f.write(buf.getvalue().encode())
             f.flush()
             os.fsync(f.fileno())
 
-    def done_keys(self) -> set[tuple[str, int, int]]:
-        """(arm, concurrency, repeat) already measured: what --resume skips."""
-        return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in read_rows(self.path)[0]}
+    def done_keys(self) -> set[tuple[str, int, float, int]]:
+        """(arm, concurrency, request_rate, repeat) already measured: what --resume skips."""
+        return {level_key(r) for r in read_rows(self.path)[0]}
 
 
-def _row_problem(record: list[str]) -> str:
+def level_key(row: dict) -> tuple[str, int, float, int]:
+    """A row's level: (arm, concurrency, request_rate, repeat)."""
+    return row["arm"], int(row["concurrency"]), float(row["request_rate"]), int(row["repeat"])
+
+
+def _row_problem(record: list[str], header: list[str]) -> str:
     """Why a CSV record is not a results row ("" when it is one)."""
-    if len(record) != len(RESULT_COLUMNS):
-        return f"{len(record)} fields, not {len(RESULT_COLUMNS)}"
-    row = dict(zip(RESULT_COLUMNS, record))
+    if len(record) != len(header):
+        return f"{len(record)} fields, not {len(header)}"
+    row = dict(zip(header, record))
     for c in ("concurrency", "repeat"):
         if not row[c].isdigit():
             return f"{c} is {row[c][:20]!r}"
-    for c in METRIC_COLUMNS:
-        if c != "error" and row[c] not in ("", "nan"):
+    for c in header:
+        if c not in TEXT_COLUMNS and c not in ("concurrency", "repeat") and row[c] not in ("", "nan"):
             try:
                 float(row[c])
             except ValueError:
@@ -167,9 +250,7 @@ def _row_problem(record: list[str]) -> str:
     return ""
 
 
-def read_rows(path: Path) -> tuple[list[dict], bool]:
-    """The rows of a results file and whether its last line is half-written (a crash mid-append:
-    no newline and not a whole row).  ValueError naming the file (and line) for anything else."""
+def _read(path: Path) -> tuple[list[dict], bool, list[str]]:
     from dynspec.jsonl import read_text
 
     text = read_text(path, ValueError)
@@ -178,17 +259,29 @@ def read_rows(path: Path) -> tuple[list[dict], bool]:
         records = [(reader.line_num, rec) for rec in reader]  # line_num: the record's last line
     except csv.Error as exc:
         raise ValueError(f"{path}:{reader.line_num}: not a results row ({exc})") from None
-    if not records or records[0][1] != RESULT_COLUMNS:
+    if not records or not _known(records[0][1]):
         raise ValueError(f"{path}: not a dynspec results file (header differs)")
+    header = records[0][1]
     rows, torn = [], False
     for i, (line, rec) in enumerate(records[1:], 1):
-        problem = _row_problem(rec)
+        problem = _row_problem(rec, header)
         if problem and i == len(records) - 1 and not text.endswith("\n"):
             torn = True
         elif problem:
             raise ValueError(f"{path}:{line}: not a results row ({problem})")
         else:
-            rows.append(dict(zip(RESULT_COLUMNS, rec)))
+            row = {c: "" if c in TEXT_COLUMNS else "nan" for c in RESULT_COLUMNS}
+            row["request_rate"] = "inf"
+            row.update(zip(header, rec))
+            rows.append(row)
+    return rows, torn, header
+
+
+def read_rows(path: Path) -> tuple[list[dict], bool]:
+    """The rows of a results file (every current column, legacy files' missing ones NaN) and
+    whether its last line is half-written (a crash mid-append: no newline and not a whole row).
+    ValueError naming the file (and line) for anything else."""
+    rows, torn, _ = _read(path)
     return rows, torn
 
 
@@ -202,9 +295,9 @@ def write_table(rows: Sequence[dict], path: str | Path) -> Path:
     if len(path.name.encode()) > 250:  # refused before any folder is made for it
         raise ValueError(f"{str(path)[:60]}...: file name too long")
     path.parent.mkdir(parents=True, exist_ok=True)
-    df = pd.DataFrame([make_row({k: v for k, v in r.items() if k in ID_COLUMNS},
-                                {k: v for k, v in r.items() if k not in ID_COLUMNS}) for r in rows],
-                      columns=RESULT_COLUMNS)
+    full = [make_row(*_split(r)) for r in rows]
+    extra = sorted({k for r in full for k in r} - set(RESULT_COLUMNS), key=lambda c: (c.split("_")[1], c))
+    df = pd.DataFrame(full, columns=RESULT_COLUMNS + extra)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".csv":
         df.to_csv(tmp, index=False)
@@ -223,11 +316,39 @@ def read_table(path: str | Path):
         df = pd.read_parquet(path)
     else:
         # The csv module writes NaN as "nan" (ResultsWriter); only numeric columns may be missing.
-        na = {c: ["", "nan", "NaN"] for c in RESULT_COLUMNS if c not in TEXT_COLUMNS}
+        header = pd.read_csv(path, nrows=0, keep_default_na=False).columns
+        na = {c: ["", "nan", "NaN"] for c in header if c not in TEXT_COLUMNS}
         df = pd.read_csv(path, keep_default_na=False, na_values=na, dtype={c: str for c in TEXT_COLUMNS})
+    if list(df.columns[:len(LEGACY_COLUMNS)]) == LEGACY_COLUMNS and "request_rate" not in df.columns:
+        df.insert(ID_COLUMNS.index("request_rate"), "request_rate", math.inf)  # the legacy schema: closed loop
     missing = [c for c in RESULT_COLUMNS if c not in df.columns]
-    if missing:
+    if missing and all(c in df.columns for c in LEGACY_COLUMNS):
+        for c in missing:  # legacy: p90/p95 and goodput were not measured
+            df[c] = math.nan
+        df = df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
+    elif missing:
         raise ValueError(f"{path}: missing result columns: {', '.join(missing)}")
     for c in TEXT_COLUMNS:
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
     return df
+
+
+def closed_loop(df):
+    """The closed-loop rows of a results DataFrame (request_rate inf, or missing in old tables):
+    the levels that concurrency alone describes."""
+    import pandas as pd
+
+    if "request_rate" not in df:
+        return df
+    rate = pd.to_numeric(df["request_rate"], errors="coerce")
+    return df[rate.isna() | (rate == math.inf)]
+
+
+def open_loop(df):
+    """The open-loop rows (a finite offered request_rate)."""
+    import pandas as pd
+
+    if "request_rate" not in df:
+        return df.iloc[0:0]
+    rate = pd.to_numeric(df["request_rate"], errors="coerce")
+    return df[rate.notna() & (rate != math.inf)]

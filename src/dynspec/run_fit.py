@@ -48,7 +48,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
                   name: str | None = None, catch_up_fraction: float = 0.0,
                   accept_length: float | None = None) -> FitSpec:
     """The fit spec that makes the simulator reproduce the run's two arms."""
-    from dynspec.results import read_table
+    from dynspec.results import closed_loop, read_table
 
     run_dir = Path(run_dir)
     results, config_path = run_dir / "results.csv", run_dir / "config.yaml"
@@ -61,7 +61,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     _arm(config, baseline_arm, "baseline")
     spec_arm = _arm(config, eagle3_arm, "eagle3")
     try:
-        df = read_table(results)
+        df = closed_loop(read_table(results))  # the fit's targets are concurrency levels
     except (ValueError, OSError) as exc:
         raise FitError(f"{results}: not a results table ({' '.join(str(exc).split())[:200]})") from None
     df = df[df["error"].fillna("") == ""]

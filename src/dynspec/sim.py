@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from dynspec.atomic import write_json
 from dynspec.engine import Engine
 from dynspec.policy import PolicySpecError, build_policy
-from dynspec.results import RequestRecord, make_row, summarize
+from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
 SIM_ARMS = ("baseline", "eagle3", "dynamic")
 ARM_POLICIES = {"baseline": None, "eagle3": "always", "dynamic": "goodput"}
@@ -57,34 +57,55 @@ def _check_level(concurrency: int, num_prompts: int, input_len: int, output_len:
 
 def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | None = None,
                    input_len: int = 1024, output_len: int = 256, seed: int = 0,
-                   engine_out: list | None = None, catch_up: bool = True) -> tuple[dict, list[RequestRecord]]:
-    """Run one (arm, concurrency) level; return the metric columns and per-request records.
+                   engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
+                   burstiness: float = 1.0, lengths: list[tuple[int, int]] | None = None,
+                   percentiles=DEFAULT_PERCENTILES, slo: dict | None = None) -> tuple[dict, list[RequestRecord]]:
+    """Run one (arm, level); return the metric columns and per-request records.
 
+    Closed loop (request_rate inf): at most `concurrency` requests in flight, the next sent when
+    one completes.  Open loop: requests arrive at request_rate per second (dynspec.arrivals, gamma
+    intervals of shape burstiness, seeded), at most `concurrency` in flight when it is >= 1 (0: no
+    cap); a request held back by the cap starts its clock when it is sent, as bench_serving's.
+    lengths: (input, output) tokens per request, instead of input_len/output_len for all.
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
     catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
     """
+    from dynspec.arrivals import arrival_times
+
     spec = arm_policy_spec(arm)
-    n = default_num_prompts(concurrency) if num_prompts is None else num_prompts
-    _check_level(concurrency, n, input_len, output_len)
+    closed = math.isinf(request_rate)
+    n = (default_num_prompts(concurrency) if num_prompts is None else num_prompts) if lengths is None else len(lengths)
+    _check_level(concurrency if closed else max(concurrency, 1), n, input_len, output_len)
+    sizes = lengths or [(input_len, output_len)] * n
     engine = Engine(profile, build_policy(spec) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
-    for _ in range(min(concurrency, n)):
-        engine.submit(input_len, output_len)
-    sent = min(concurrency, n)
+    cap = concurrency if closed or concurrency >= 1 else n
+    arrive = [0.0] * n if closed else arrival_times(n, request_rate, burstiness, seed)
     records: list[RequestRecord] = []
+    sent = in_flight = 0
+    last_pass = -1.0  # the clock of the previous submission pass
     while True:
+        now = engine.clock
+        while sent < n and in_flight < cap and arrive[sent] <= now:
+            req = engine.submit(*sizes[sent])
+            # Arrived since the last pass: sent on arrival (joins the next step); else it waited for a slot.
+            req.submit_time = arrive[sent] if arrive[sent] > last_pass and not closed else now
+            sent += 1
+            in_flight += 1
+        last_pass = now
         step = engine.step()
         if step is None:
-            break
+            if sent >= n:
+                break
+            engine.advance_to(arrive[sent])  # idle until the next arrival
+            continue
         for req in step.finished:
+            in_flight -= 1
             records.append(RequestRecord(
                 start=req.submit_time, end=req.finish_time, output_tokens=req.generated,
                 input_tokens=req.input_len, ttft=req.first_token_time - req.submit_time, itls=req.itls))
-        while sent < n and len(engine.running) + len(engine.waiting) < concurrency:
-            engine.submit(input_len, output_len)  # a closed-loop client sends its next request
-            sent += 1
     st = engine.stats
-    metrics = summarize(records, accept_length=st.accept_length, spec_step_fraction=st.spec_step_fraction,
-                        switches=st.switches)
+    metrics = summarize(records, percentiles=percentiles, slo=slo, accept_length=st.accept_length,
+                        spec_step_fraction=st.spec_step_fraction, switches=st.switches)
     if engine_out is not None:
         engine_out.append(engine)
     return metrics, records

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.atomic import open_append, write_json, write_text
-from dynspec.config import ConfigError, SweepConfig, check_live, resolved_yaml, run_id_problem
+from dynspec.config import ConfigError, Level, SweepConfig, bench_serving_problem, check_live, resolved_yaml, \
+    run_id_problem
 from dynspec.jsonl import read_json
-from dynspec.results import RESULT_COLUMNS, ResultsWriter, make_row, read_rows, summarize
+from dynspec.results import ResultsWriter, level_key, make_row, read_rows, summarize
 from dynspec.servers import dynspec_state
 from dynspec.typed_yaml import read_yaml
 
@@ -42,7 +43,7 @@ log = logging.getLogger("dynspec.sweep")
 
 # Settings that change what a row means: a resumed run must keep them.
 _MEASUREMENT_KEYS = ("model", "draft_model", "profile", "num_prompts", "input_len", "output_len", "prompts",
-                     "warmup_requests", "seed")
+                     "warmup_requests", "seed", "burstiness", "max_concurrency", "rate_duration_s", "metrics")
 _ARM_KEYS = ("sim_arm", "launch", "env", "api")
 
 
@@ -57,13 +58,17 @@ class RunResult:
     rows: int
 
 
-def level_seed(seed: int, concurrency: int, repeat: int) -> int:
-    """Prompts differ per level and repeat (no prefix-cache reuse) but are the same for every arm."""
-    return seed * 1_000_003 + concurrency * 1009 + repeat
+def level_seed(seed: int, level: Level | int, repeat: int) -> int:
+    """Prompts (and arrivals) differ per level and repeat (no prefix-cache reuse) but are the same
+    for every arm."""
+    level = Level(level) if isinstance(level, int) else level
+    base = seed * 1_000_003 + level.concurrency * 1009 + repeat
+    return base if level.closed else base + 7919 * round(level.rate * 1000) + 104_729
 
 
-def level_name(arm: str, concurrency: int, repeat: int) -> str:
-    return f"{arm}_c{concurrency}_r{repeat}"
+def level_name(arm: str, level: Level | int, repeat: int) -> str:
+    level = Level(level) if isinstance(level, int) else level
+    return f"{arm}_{level.label}_r{repeat}"
 
 
 def _now() -> str:
@@ -138,8 +143,9 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         (run.dir / sub).mkdir(parents=True, exist_ok=True)
     write_text(run.dir / "config.yaml", resolved_yaml(cfg))
 
-    writer = ResultsWriter(run.dir / "results.csv")  # drops a half-written last line
-    done = _settle_results(run.dir) if resume else set()
+    # drops a half-written last line; a resumed run's older schema is rewritten in this one
+    writer = ResultsWriter(run.dir / "results.csv", cfg.result_columns())
+    done = _settle_results(run.dir, cfg.result_columns()) if resume else set()
     run.info.update(run_id=run_id, backend=backend, config_name=cfg.name, config_path=str(config_path or ""),
                     profile=cfg.profile if backend != "live" else "", hardware=cfg.hardware,
                     model=cfg.model, draft_model=cfg.draft_model, status="running")
@@ -165,7 +171,7 @@ def _read_object(path: Path, read) -> dict:
     return data
 
 
-def _settle_results(run_dir: Path) -> set:
+def _settle_results(run_dir: Path, columns: list[str]) -> set:
     """Rows measured cleanly are done; rows with an error move to failures.csv to be measured again."""
     path = run_dir / "results.csv"
     rows = read_rows(path)[0]
@@ -175,7 +181,7 @@ def _settle_results(run_dir: Path) -> set:
         fail_path = run_dir / "failures.csv"
         new = not fail_path.exists()
         buf = io.StringIO(newline="")
-        w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+        w = csv.DictWriter(buf, fieldnames=columns, restval="nan", extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerows(bad)
@@ -184,11 +190,11 @@ def _settle_results(run_dir: Path) -> set:
             f.flush()
             os.fsync(f.fileno())
         buf = io.StringIO(newline="")
-        w = csv.DictWriter(buf, fieldnames=RESULT_COLUMNS)
+        w = csv.DictWriter(buf, fieldnames=columns, restval="nan", extrasaction="ignore")
         w.writeheader()
         w.writerows(good)
         write_text(path, buf.getvalue())
-    return {(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in good}
+    return {level_key(r) for r in good}
 
 
 def _attach_log(run_dir: Path, progress: bool) -> list[logging.Handler]:
@@ -238,16 +244,20 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
         raise SweepError(f"unknown backend {backend!r} (live, sim, emulate)")
     if backend == "live":
         check_live(cfg, str(config_path or "<config>"))
+    if backend != "sim" and any(cfg.driver_for(a, backend) == "bench_serving" for a in cfg.arms):
+        problem = bench_serving_problem(cfg)
+        if problem:
+            raise ConfigError(f"{config_path or '<config>'}: {problem}")
     profile = None
     if backend != "live":
         from dynspec.profile import load_profile
 
         profile = load_profile(cfg.profile)  # ProfileError (a ValueError) names the problem
-    if backend != "sim" and cfg.prompts.path is not None:  # a bad prompt file is refused before any server starts
-        from dynspec.bench import PromptError, file_prompts
+    if cfg.prompts.path is not None:  # a bad prompt file is refused before anything is written
+        from dynspec.prompts import PromptError, build_prompts
 
         try:
-            file_prompts(cfg.prompts.source, cfg.prompts.path, 1, cfg.output_len)
+            build_prompts(cfg.prompts, 1, cfg.input_len, cfg.output_len, cfg.seed)
         except PromptError as exc:
             raise SweepError(str(exc)) from None
     run, writer, done = _prepare(cfg, backend, run_id, resume, Path(runs_dir), config_path)
@@ -256,7 +266,7 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
     env_path = run.dir / "environment.json"
     if env_path.exists():  # a resumed run keeps the first session's machine and adds this one's
         env_path = run.dir / f"environment.session{len(run.info['sessions'])}.json"
-    write_json(env_path, collect_environment(probe_torch=backend == "live"))
+    write_json(env_path, collect_environment(probe_torch=backend == "live", check_env=backend == "live"))
     handlers = _attach_log(run.dir, progress)
     old_term = None
     if threading.current_thread() is threading.main_thread():
@@ -265,7 +275,7 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
     status = "running"
     try:
         log.info("run %s: backend %s, %d arms x %d levels x %d repeats%s", run.info["run_id"], backend,
-                 len(cfg.arms), len(cfg.concurrency), cfg.repeats,
+                 len(cfg.arms), len(cfg.levels()), cfg.repeats,
                  f" ({len(done)} already measured)" if resume else "")
         for arm in cfg.arms:
             sweep.run_arm(arm)
@@ -310,16 +320,16 @@ class _Sweep:
     def total_rows(self) -> int:
         return len(read_rows(self.run.dir / "results.csv")[0])
 
-    def ids(self, arm, concurrency: int, repeat: int, policy: str) -> dict:
+    def ids(self, arm, level: Level, repeat: int, policy: str) -> dict:
         return dict(run_id=self.run.info["run_id"], arm=arm.name, policy=policy, backend=self.backend,
-                    profile=self.profile.name if self.profile is not None else "", concurrency=concurrency,
-                    repeat=repeat)
+                    profile=self.profile.name if self.profile is not None else "", concurrency=level.concurrency,
+                    request_rate=level.rate, repeat=repeat)
 
-    def append(self, arm, concurrency: int, repeat: int, policy: str, metrics: dict) -> None:
-        row = make_row(self.ids(arm, concurrency, repeat, policy), metrics)
+    def append(self, arm, level: Level, repeat: int, policy: str, metrics: dict) -> None:
+        row = make_row(self.ids(arm, level, repeat, policy), metrics)
         self.writer.append(row)
         self.rows_written += 1
-        name = level_name(arm.name, concurrency, repeat)
+        name = level_name(arm.name, level, repeat)
         if row["error"]:
             self.failures += 1
             log.error("%s: %s", name, row["error"])
@@ -331,18 +341,20 @@ class _Sweep:
     def fail_levels(self, arm, levels, error: str) -> None:
         policy = _expected_policy(self.cfg, arm, self.backend)
         for c, r in levels:
-            self.append(arm, c, r, policy, {**summarize([]), "completed": 0, "failed": 0, "error": error})
+            self.append(arm, c, r, policy, {**summarize([], **self.cfg.summary_args()), "completed": 0, "failed": 0,
+                                            "error": error})
 
     # Arms -----------------------------------------------------------------------------------
     def run_arm(self, arm) -> None:
         cfg = self.cfg
-        pending = [(c, r) for c in cfg.concurrency for r in range(cfg.repeats) if (arm.name, c, r) not in self.done]
+        pending = [(lv, r) for lv in cfg.levels() for r in range(cfg.repeats)
+                   if (arm.name, lv.concurrency, lv.rate, r) not in self.done]
         if not pending:
             log.info("arm %s: every level already measured", arm.name)
             return
         if self.backend == "sim":
-            for c, r in pending:
-                self.sim_level(arm, c, r)
+            for lv, r in pending:
+                self.sim_level(arm, lv, r)
             return
         from dynspec.servers import ServerError
 
@@ -355,16 +367,16 @@ class _Sweep:
             self.fail_levels(arm, pending, f"server not started: {msg}")
             return
         try:
-            for i, (c, r) in enumerate(pending):
+            for i, (lv, r) in enumerate(pending):
                 if not self.server.alive():
                     self.fail_levels(arm, pending[i:], f"server exited with code {self.server.returncode} "
                                                        f"before this level")
                     break
                 try:
-                    self.server_level(arm, c, r)
+                    self.server_level(arm, lv, r)
                 except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
-                    log.exception("%s: failed", level_name(arm.name, c, r))
-                    self.fail_levels(arm, [(c, r)], f"level failed: {type(exc).__name__}: {exc}")
+                    log.exception("%s: failed", level_name(arm.name, lv, r))
+                    self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
         finally:
             self.stop_server()
 
@@ -409,42 +421,46 @@ class _Sweep:
         self.server = None
 
     # Levels ---------------------------------------------------------------------------------
-    def sim_level(self, arm, c: int, r: int) -> None:
+    def sim_level(self, arm, lv: Level, r: int) -> None:
         from dynspec.bench import write_requests
         from dynspec.sim import simulate_level
 
         cfg = self.cfg
-        metrics, records = simulate_level(self.profile, arm.sim_arm, c, num_prompts=cfg.prompts_for(c),
-                                          input_len=cfg.input_len, output_len=cfg.output_len,
-                                          seed=level_seed(cfg.seed, c, r))
-        path = self.run.requests_path(level_name(arm.name, c, r))
+        seed = level_seed(cfg.seed, lv, r)
+        lengths = None
+        if cfg.prompts.source != "random" or cfg.prompts.output_lens != "fixed":
+            # the lengths of the prompts a server would get (text counted as the emulator counts it);
+            # acceptance stays the profile's
+            from dynspec.prompts import build_prompts
+
+            ps = build_prompts(cfg.prompts, cfg.prompts_for(lv), cfg.input_len, cfg.output_len, seed)
+            lengths = [(p.tokens, p.output_len) for p in ps]
+        metrics, records = simulate_level(self.profile, arm.sim_arm, lv.concurrency, num_prompts=cfg.prompts_for(lv),
+                                          input_len=cfg.input_len, output_len=cfg.output_len, seed=seed,
+                                          request_rate=lv.rate, burstiness=cfg.burstiness, lengths=lengths,
+                                          **cfg.summary_args())
+        path = self.run.requests_path(level_name(arm.name, lv, r))
         self.run.keep_old(path)
         write_requests(path, records)
-        self.append(arm, c, r, _expected_policy(cfg, arm, "sim"), metrics)
+        self.append(arm, lv, r, _expected_policy(cfg, arm, "sim"), metrics)
 
-    def server_level(self, arm, c: int, r: int) -> None:
-        from dynspec.bench import build_prompts, run_level, write_requests
+    def server_level(self, arm, lv: Level, r: int) -> None:
+        from dynspec.bench import write_requests
         from dynspec.servers import level_counters
 
         cfg, server = self.cfg, self.server
-        name = level_name(arm.name, c, r)
-        seed = level_seed(cfg.seed, c, r)
-        prompts = build_prompts(cfg.prompts, cfg.prompts_for(c), cfg.input_len, cfg.output_len, seed)
-        warm = build_prompts(cfg.prompts, cfg.warmup_requests, cfg.input_len, cfg.output_len, seed + 7919) \
-            if cfg.warmup_requests else []
-        model = cfg.model if self.backend == "live" else None
-        common = dict(api=arm.api, model=model, request_timeout=cfg.timeouts.request_s,
-                      should_stop=lambda: not server.alive())
-        if warm:
-            w = run_level(server.base_url, warm, min(len(warm), c), **common, level_timeout=cfg.timeouts.level_s)
-            if w.failed:
-                log.warning("%s: %d of %d warm-up requests failed (%s)", name, w.failed, len(warm),
-                            next(x.error for x in w.requests if not x.ok))
+        name = level_name(arm.name, lv, r)
+        driver = cfg.driver_for(arm, self.backend)
+        if driver == "dynspec":
+            self.warm_up(arm, lv, r, name)
         before = server.scrape()
         reset = server.reset_accept_counters(before.server_info)
-        result = run_level(server.base_url, prompts, c, **common, level_timeout=cfg.timeouts.level_s,
-                           progress=self.progress, desc=name)
-        if any(not r.ok for r in result.requests):
+        if driver == "dynspec":
+            records, error = self.measure_dynspec(arm, lv, r, name)
+            metrics = summarize(records, **cfg.summary_args())
+        else:
+            metrics, records, error = self.measure_bench_serving(arm, lv, r, name)
+        if any(not x.ok for x in records) or error:
             # A dying server closes its sockets before it can be reaped: give it a moment, so that
             # a crash is reported as the crash rather than as the failed requests it caused.
             server.wait_exit(2.0)
@@ -452,18 +468,71 @@ class _Sweep:
         counters = level_counters(before, after, accept_reset=reset)
         if not reset and not math.isnan(counters["accept_length"]):
             log.info("%s: accept_length is the server's average since it started (no counter reset)", name)
-        errors = [result.error_summary(cfg.timeouts.level_s)]
+        errors = [error]
         if not server.alive():
             errors.insert(0, f"server exited with code {server.returncode} during the level")
-        metrics = summarize(result.requests, **counters, error="; ".join(e for e in errors if e))
+        for k, v in counters.items():  # the server's own counters; bench_serving's accept length otherwise
+            if not (k == "accept_length" and math.isnan(v)):
+                metrics[k] = v
+        metrics["error"] = "; ".join(e for e in errors if e)
         path = self.run.requests_path(name)
         self.run.keep_old(path)
-        write_requests(path, result.requests)
+        write_requests(path, records)
         write_json(self.run.dir / "scrapes" / f"{name}.json",
-                    {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset})
+                    {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset,
+                     "driver": driver})
         block = dynspec_state(after.server_info)
         policy = block.get("policy") if block and block.get("policy") else _expected_policy(cfg, arm, self.backend)
-        self.append(arm, c, r, policy, metrics)
+        self.append(arm, lv, r, policy, metrics)
+
+    def _common(self, arm) -> dict:
+        cfg, server = self.cfg, self.server
+        return dict(api=arm.api, model=cfg.model if self.backend == "live" else None,
+                    request_timeout=cfg.timeouts.request_s, should_stop=lambda: not server.alive())
+
+    def warm_up(self, arm, lv: Level, r: int, name: str) -> None:
+        """The built-in driver's warm-up: requests from other prompts than the level's, not measured."""
+        from dynspec.bench import build_prompts, run_level
+
+        cfg = self.cfg
+        if not cfg.warmup_requests:
+            return
+        seed = level_seed(cfg.seed, lv, r) + 7919
+        warm = build_prompts(cfg.prompts, cfg.warmup_requests, cfg.input_len, cfg.output_len, seed)
+        w = run_level(self.server.base_url, warm, min(len(warm), lv.concurrency or len(warm)), **self._common(arm),
+                      level_timeout=cfg.timeouts.level_s)
+        if w.failed:
+            log.warning("%s: %d of %d warm-up requests failed (%s)", name, w.failed, len(warm),
+                        next(x.error for x in w.requests if not x.ok))
+
+    def measure_dynspec(self, arm, lv: Level, r: int, name: str) -> tuple[list, str]:
+        """The built-in generator (dynspec.bench): closed loop, or arrivals at the level's rate."""
+        from dynspec.arrivals import arrival_times
+        from dynspec.bench import build_prompts, run_level
+
+        cfg = self.cfg
+        seed = level_seed(cfg.seed, lv, r)
+        prompts = build_prompts(cfg.prompts, cfg.prompts_for(lv), cfg.input_len, cfg.output_len, seed)
+        arrivals = None if lv.closed else arrival_times(len(prompts), lv.rate, cfg.burstiness, seed)
+        result = run_level(self.server.base_url, prompts, lv.concurrency, **self._common(arm),
+                           level_timeout=cfg.timeouts.level_s, progress=self.progress, desc=name, arrivals=arrivals)
+        return result.requests, result.error_summary(cfg.timeouts.level_s)
+
+    def measure_bench_serving(self, arm, lv: Level, r: int, name: str) -> tuple[dict, list, str]:
+        """The real `python -m sglang.bench_serving` of the server's environment, one run per level."""
+        from dynspec.sglang_bench_serving import DriverError, measure_level
+
+        cfg, server = self.cfg, self.server
+        try:
+            metrics, records = measure_level(cfg, arm, lv, host=server.host, port=server.port,
+                                             num_prompts=cfg.prompts_for(lv), seed=level_seed(cfg.seed, lv, r),
+                                             level_dir=self.run.dir / "bench_serving", name=name,
+                                             timeout=cfg.timeouts.level_s)
+        except DriverError as exc:
+            return {**summarize([], **cfg.summary_args()), "completed": 0, "failed": 0}, [], str(exc)
+        bad = [x for x in records if not x.ok]
+        error = f"{len(bad)} of {len(records)} requests failed (first: {bad[0].error})" if bad else ""
+        return metrics, records, error
 
 
 def _fmt(x) -> str:

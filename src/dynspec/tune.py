@@ -120,12 +120,12 @@ def _pick_arm(df, given: str | None, marks: tuple[str, ...], role: str, flag: st
 
 def load_levels(cfg: TuneConfig):
     """Read the sweep; return (baseline arm, spec arm, levels, notes, context)."""
-    from dynspec.results import read_table
+    from dynspec.results import closed_loop, read_table
 
     if not cfg.results.is_file():
         raise TuneError(f"{cfg.results}: no such results file")
     try:
-        df = read_table(cfg.results)
+        df = closed_loop(read_table(cfg.results))  # a cutoff is judged at concurrency levels
     except ValueError as exc:
         raise TuneError(f"{cfg.results}: {exc}" if str(cfg.results) not in str(exc) else str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a broken CSV/parquet: say which file, not a traceback

@@ -1,0 +1,114 @@
+"""The sweep's two drivers on one emulated level each: the real `python -m sglang.bench_serving`
+(SGLang 0.5.9, unpacked from its wheel, on CPU) and dynspec's built-in generator must agree."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from dynspec.config import parse_config
+from dynspec.results import read_table
+from dynspec.sweep import run_sweep
+
+# The stated tolerance: both drivers measure the same emulated server the same way (bench_serving's
+# definitions), so closed-loop throughput and median TPOT agree within 5%, median TTFT within 30%
+# (a few ms, where one client's scheduling shows).  At an open-loop level each draws its own Poisson
+# arrivals (bench_serving from numpy's global seed, after its dataset's draws): 80 arrivals at
+# 20 req/s span 4 s +- 11% each, so the served rates are compared within 40%, median TPOT within 10%.
+CLOSED_TOL = {"output_throughput": 0.05, "median_tpot_ms": 0.05, "median_ttft_ms": 0.30}
+OPEN_TOL = {"request_throughput": 0.40, "median_tpot_ms": 0.10}
+
+
+@pytest.fixture(scope="module")
+def both_drivers(tmp_path_factory):
+    missing = [m for m in ("datasets", "transformers", "tokenizers") if not _importable(m)]
+    assert not missing, f"sglang.bench_serving needs {', '.join(missing)}: run `make test-venv`"
+    from dynspec.realsglang import sglang_site
+    from dynspec.sglang_bench_serving import build_tiny_tokenizer
+
+    tmp = tmp_path_factory.mktemp("drivers")
+    tok = build_tiny_tokenizer(tmp / "tok")
+    arms = [{"name": name, "sim_arm": "baseline", "driver": driver}
+            for name, driver in (("builtin", "dynspec"), ("bench-serving", "bench_serving"))]
+    cfg = parse_config({
+        "name": "drivers", "backend": "emulate", "profile": "seed-blackwell", "concurrency": [4],
+        "request_rates": [20], "num_prompts": 80, "input_len": 128, "output_len": 32, "warmup_requests": 1,
+        "emulate": {"time_scale": 1.0}, "metrics": {"slo": {"tpot_ms": 1000}},
+        "bench_serving": {"python": sys.executable, "tokenizer": str(tok), "pythonpath": [str(sglang_site(False))]},
+        "timeouts": {"startup_s": 60, "level_s": 300, "request_s": 60, "shutdown_grace_s": 10}, "arms": arms})
+    import os
+
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    res = run_sweep(cfg, run_id="d", runs_dir=tmp / "runs", progress=False)
+    yield res, read_table(res.run_dir / "results.csv")
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _pair(df, rate):
+    sel = df[df["request_rate"] == rate]
+    return sel[sel["arm"] == "builtin"].iloc[0], sel[sel["arm"] == "bench-serving"].iloc[0]
+
+
+def test_both_drivers_fill_the_same_rows(both_drivers):
+    res, df = both_drivers
+    assert not res.failed, df["error"].tolist()
+    assert len(df) == 4 and (df["completed"] == 80).all() and (df["failed"] == 0).all()
+    for col in ("p90_ttft_ms", "p95_tpot_ms", "p99_itl_ms", "median_e2e_ms", "slo_attainment"):
+        assert df[col].notna().all(), col
+    assert (df["slo_attainment"] == 1.0).all()  # a 1 s TPOT objective: every request meets it
+    assert (res.run_dir / "bench_serving" / "bench-serving_c4_r0.jsonl").is_file()
+    log = (res.run_dir / "bench_serving" / "bench-serving_rate20_r0.log").read_text().splitlines()[0]
+    assert "-m sglang.bench_serving" in log and "--request-rate 20" in log and "--max-concurrency" not in log
+
+
+@pytest.mark.parametrize("rate, tol", [(math.inf, CLOSED_TOL), (20.0, OPEN_TOL)])
+def test_the_drivers_agree_within_the_stated_tolerance(both_drivers, rate, tol):
+    _, df = both_drivers
+    mine, theirs = _pair(df, rate)
+    print(f"rate {rate}: " + ", ".join(f"{c} {mine[c]:.3f} (dynspec) vs {theirs[c]:.3f} (bench_serving)"
+                                       for c in tol))
+    for col, rel in tol.items():
+        assert mine[col] == pytest.approx(theirs[col], rel=rel), (col, mine[col], theirs[col])
+
+
+def _tiny(**changes):
+    data = {"name": "t", "backend": "emulate", "profile": "seed-blackwell", "concurrency": [2], "num_prompts": 4,
+            "input_len": 16, "output_len": 8, "warmup_requests": 0, "driver": "bench_serving",
+            "emulate": {"time_scale": 20.0}, "bench_serving": {"python": sys.executable, "tokenizer": "/nowhere"},
+            "timeouts": {"startup_s": 60, "level_s": 60, "request_s": 30, "shutdown_grace_s": 5},
+            "arms": [{"name": "a", "sim_arm": "baseline"}]}
+    data.update(changes)
+    return parse_config(data)
+
+
+def test_a_bench_serving_that_cannot_run_is_the_levels_error_row(tmp_path):
+    # no unpacked SGLang on its path: bench_serving cannot even import; the row says so, the sweep ends
+    res = run_sweep(_tiny(), run_id="x", runs_dir=tmp_path, progress=False)
+    (row,) = read_table(res.run_dir / "results.csv").to_dict("records")
+    assert res.failed and row["completed"] == 0
+    assert row["error"].startswith("sglang.bench_serving exited with code 1: ") and "sglang" in row["error"]
+    assert "(log: " in row["error"] and row["error"].count("\n") == 0
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"request_rates": [2], "burstiness": 0.5}, "burstiness: sglang.bench_serving 0.5.9 sends Poisson arrivals only"),
+    ({"prompts": {"source": "jsonl", "path": "PROMPTS"}}, "prompts.source: the bench_serving driver takes"),
+])
+def test_what_bench_serving_cannot_do_is_refused_before_anything_runs(tmp_path, changes, needle):
+    from dynspec.config import ConfigError
+
+    if "prompts" in changes:
+        (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
+        changes = {"prompts": {**changes["prompts"], "path": str(tmp_path / "p.jsonl")}}
+
+    with pytest.raises(ConfigError, match=needle):
+        run_sweep(_tiny(**changes), run_id="x", runs_dir=tmp_path, progress=False)
+    assert not (tmp_path / "x").exists()
+    run_sweep(_tiny(**changes, driver="dynspec"), run_id="y", runs_dir=tmp_path, progress=False, backend="sim")
