@@ -397,11 +397,15 @@ def test_the_seed_is_drawn_only_beside_its_own_node_in_its_own_time(tmp_path):
     h200.results["profile"] = ""
     assert report.reference_for(h200, ref) is None
     assert "not drawn" in report.reference_caption(h200, None)
-    emu = report.load_run(_write_run(tmp_path, _rows(backend="emulate"), name="e"))
-    emu.config["emulate"] = {"time_scale": 8.0}
-    assert report.reference_for(emu, ref) is None  # eight times faster than the seed's clock
-    emu.config["emulate"] = {"time_scale": 1.0}
-    assert report.reference_for(emu, ref) is ref
+    # An emulated run 8x faster than its profile: beside the seed only once its rows are on the
+    # profile's clock (run.json says so; runs from before wrote the wall clock).
+    for clock, drawn in ((None, False), ("profile", True)):
+        meta = {"run_id": "e", "backend": "emulate", **({"clock": clock} if clock else {})}
+        d = _write_run(tmp_path / str(clock), _rows(backend="emulate"), name="e", meta=meta)
+        (d / "config.yaml").write_text("name: tiny\nprofile: seed-blackwell\nemulate: {time_scale: 8.0}\n")
+        emu = report.load_run(d)
+        assert (report.reference_for(emu, ref) is ref) == drawn, clock
+        assert ("profile's clock" in report.banner(emu)) == drawn
 
 
 def test_coinciding_arms_are_named_in_the_findings():

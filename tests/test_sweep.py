@@ -482,3 +482,47 @@ def test_a_crash_is_reported_as_the_crash_even_when_the_exit_lags_the_closed_soc
     assert result.failed
     (row,) = rows_of(tmp_path / "runs/dying")
     assert row["error"].startswith("server exited with code 3 during the level"), row["error"]
+
+
+def test_an_emulated_run_writes_the_profiles_clock_whatever_its_time_scale(tmp_path):
+    """Time scale is not part of the answer: the same levels at time scale 1 and 4 give the same
+    throughputs and latencies (within what a real-time emulator's jitter allows), on the
+    profile's clock; before, the scaled run read 4x faster."""
+    rows = {}
+    for scale in (1.0, 4.0):
+        cfg = load_config(cfg_file(tmp_path, name=f"ts{int(scale)}", num_prompts=8, output_len=24,
+                                   concurrency=[2], emulate={"time_scale": scale},
+                                   arms=[{"name": "baseline", "sim_arm": "baseline"}]))
+        res = run_sweep(cfg, run_id=f"ts{int(scale)}", runs_dir=tmp_path / "runs", progress=False)
+        assert not res.failed
+        info = json.loads((res.run_dir / "run.json").read_text())
+        assert info["clock"] == "profile"
+        rows[scale] = rows_of(res.run_dir)[0]
+    for col in ("output_throughput", "median_tpot_ms", "median_e2e_ms"):
+        a, b = float(rows[1.0][col]), float(rows[4.0][col])
+        assert b == pytest.approx(a, rel=0.15), (col, a, b)
+
+
+def test_an_old_wall_clock_emulated_run_is_refused_by_fit_and_tune_and_not_drawn_beside_the_seed(tmp_path):
+    from dynspec import report, run_fit, tune
+    from dynspec.results import wall_clock_problem
+
+    cfg = load_config(cfg_file(tmp_path, num_prompts=8, output_len=16, concurrency=[1, 2],
+                               emulate={"time_scale": 10.0}))
+    res = run_sweep(cfg, run_id="old", runs_dir=tmp_path / "runs", progress=False)
+    assert wall_clock_problem(res.run_dir) == ""
+    info = json.loads((res.run_dir / "run.json").read_text())
+    del info["clock"]  # as a run from before the change wrote it
+    (res.run_dir / "run.json").write_text(json.dumps(info))
+    problem = wall_clock_problem(res.run_dir)
+    assert "wall clock of an emulator 10x faster" in problem and "\n" not in problem
+    with pytest.raises(run_fit.FitError, match="wall clock"):
+        run_fit.spec_from_run(res.run_dir)
+    with pytest.raises(tune.TuneError, match="wall clock"):
+        tune.load_levels(tune.TuneConfig(results=res.run_dir / "results.csv"))
+    run = report.load_run(res.run_dir)
+    assert report.reference_for(run, report.load_reference()) is None
+    assert dict(report.status_box(run))["Clock"] == problem
+    # Resuming it would mix clocks in one table: refused.
+    with pytest.raises(SweepError, match="start a new run"):
+        run_sweep(cfg, run_id="old", runs_dir=tmp_path / "runs", progress=False, resume=True)

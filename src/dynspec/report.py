@@ -24,7 +24,7 @@ import yaml
 
 from dynspec.paths import REPO_ROOT
 from dynspec.results import DEFAULT_PERCENTILES, LATENCIES, METRIC_COLUMNS, closed_loop, open_loop, \
-    percentile_label, read_table
+    percentile_label, read_table, wall_clock_problem
 
 SEED_LABEL = "measured by the seed investigation on 8x RTX PRO 6000 Blackwell, TP 8"
 REFERENCE_COLUMNS = ["arm", "concurrency", "output_throughput", "approximate", "level", "source"]
@@ -482,8 +482,12 @@ def banner(run: Run) -> str:
                 f"(dynspec's in-process simulator, virtual time), not measured on a GPU."
                 + catch_up_note(run.profile))
     if backend == "emulate":
+        scale = float((run.config.get("emulate") or {}).get("time_scale", 1.0) or 1.0)
+        clock = "" if scale == 1.0 or wall_clock_problem(run.run_dir) else \
+            f" It ran {scale:g}x faster than the profile; every number is on the profile's clock."
         return (f"Emulated: these numbers are simulated from profile {run.profile}, served in real time by "
-                f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU." + catch_up_note(run.profile))
+                f"dynspec's emulator behind SGLang's HTTP API, not measured on a GPU.{clock}"
+                + catch_up_note(run.profile))
     hw = f" on {run.hardware}" if run.hardware else ""
     what = str(run.config.get("description") or "").strip()
     return f"Measured live{hw} (backend {backend or 'unknown'})." + (f" What ran: {what}" if what else "")
@@ -543,6 +547,8 @@ def status_box(run: Run, measured_dir: Path = MEASURED_DIR) -> list[tuple[str, s
     from dynspec.profile import ProfileError, load_profile
 
     rows = [("Numbers", banner(run).split(" Arms with a policy")[0])]
+    if wall_clock_problem(run.run_dir):
+        rows.append(("Clock", wall_clock_problem(run.run_dir)))
     profile = None
     if run.backend in ("sim", "emulate") and run.profile:
         try:
@@ -591,8 +597,7 @@ def reference_for(run: Run, reference: pd.DataFrame | None) -> pd.DataFrame | No
         return None
     if not run.profile.startswith("seed-blackwell") and "RTX PRO 6000" not in run.hardware:
         return None
-    scale = float((run.config.get("emulate") or {}).get("time_scale", 1.0) or 1.0)
-    if run.backend == "emulate" and scale != 1.0:
+    if wall_clock_problem(run.run_dir):  # an old emulated run, X times faster than the seed
         return None
     return reference
 

@@ -15,7 +15,7 @@ import io
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -90,6 +90,14 @@ class RequestRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def in_profile_time(self, time_scale: float) -> "RequestRecord":
+        """This request on the profile's clock, from an emulator that ran `time_scale` times faster:
+        every time multiplied by it, so TTFT, TPOT, throughput and SLOs mean what they would on
+        the machine the profile describes."""
+        return replace(self, start=self.start * time_scale, end=self.end * time_scale,
+                       ttft=None if self.ttft is None else self.ttft * time_scale,
+                       itls=[x * time_scale for x in self.itls])
 
 
 def _stats(prefix: str, values: Sequence[float], percentiles) -> dict[str, float]:
@@ -352,3 +360,27 @@ def open_loop(df):
         return df.iloc[0:0]
     rate = pd.to_numeric(df["request_rate"], errors="coerce")
     return df[rate.notna() & (rate != math.inf)]
+
+
+def wall_clock_problem(run_dir: str | Path) -> str:
+    """Why a run's rows are not on its profile's clock ("" when they are, or it has no profile).
+
+    An emulated run at time_scale X from before rows were scaled back (run.json without
+    `clock: profile`) holds throughputs X times and latencies 1/X times the profile's: fitting,
+    tuning or drawing it beside measurements would be off by X."""
+    import json
+
+    import yaml
+
+    run_dir = Path(run_dir)
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        scale = float(((config or {}).get("emulate") or {}).get("time_scale", 1.0))
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return ""  # not a sweep's run folder: nothing known about its clock
+    if isinstance(info, dict) and info.get("backend") == "emulate" and info.get("clock") != "profile" \
+            and scale != 1.0:
+        return (f"{run_dir}: measured on the wall clock of an emulator {scale:g}x faster than its profile "
+                f"(throughputs {scale:g}x the profile's); rerun it: runs now write the profile's clock")
+    return ""

@@ -132,6 +132,9 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
                 raise SweepError(f"{exc}; repair or move the file, then --resume") from None
         if run.info.get("backend") != backend:
             raise SweepError(f"{run.dir}: was run with backend {run.info.get('backend')}, not {backend}")
+        if backend == "emulate" and cfg.emulate.time_scale != 1.0 and run.info.get("clock") != "profile":
+            raise SweepError(f"{run.dir}: its rows were measured on the wall clock of an emulator "
+                             f"{cfg.emulate.time_scale:g}x faster; new rows are on the profile's clock: start a new run")
         diffs = _compare_for_resume(old_cfg, new_cfg)
         if diffs:
             raise SweepError(f"{run.dir}: the config changed what the measured rows mean "
@@ -148,7 +151,10 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
     done = _settle_results(run.dir, cfg.result_columns()) if resume else set()
     run.info.update(run_id=run_id, backend=backend, config_name=cfg.name, config_path=str(config_path or ""),
                     profile=cfg.profile if backend != "live" else "", hardware=cfg.hardware,
-                    model=cfg.model, draft_model=cfg.draft_model, status="running")
+                    model=cfg.model, draft_model=cfg.draft_model, status="running",
+                    # Every time in results.csv is on this clock: the profile's for sim and emulate
+                    # (an emulator's time_scale undone), the wall clock for live.
+                    clock="wall" if backend == "live" else "profile")
     run.info.setdefault("started", _now())
     run.info.setdefault("sessions", []).append({"started": _now(), "resume": resume, "pid": os.getpid()})
     run.info.setdefault("servers", {})
@@ -246,6 +252,9 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
         check_live(cfg, str(config_path or "<config>"))
     if backend != "sim" and any(cfg.driver_for(a, backend) == "bench_serving" for a in cfg.arms):
         problem = bench_serving_problem(cfg)
+        if backend == "emulate" and cfg.emulate.time_scale != 1.0:
+            problem = (f"emulate.time_scale: the bench_serving driver measures on the wall clock; an emulator "
+                       f"{cfg.emulate.time_scale:g}x faster than its profile needs driver dynspec (or time_scale 1)")
         if problem:
             raise ConfigError(f"{config_path or '<config>'}: {problem}")
     profile = None
@@ -309,6 +318,9 @@ class _Sweep:
                  progress: bool):
         self.cfg, self.backend, self.run, self.writer, self.done = cfg, backend, run, writer, done
         self.profile, self.progress = profile, progress
+        # An emulator runs time_scale times faster than its profile: rows are written on the
+        # profile's clock (requests scaled before they are summarized), offered rates sent faster.
+        self.time_scale = cfg.emulate.time_scale if backend == "emulate" else 1.0
         self.server = None
         self.rows_written = 0
         self.failures = 0
@@ -513,10 +525,14 @@ class _Sweep:
         cfg = self.cfg
         seed = level_seed(cfg.seed, lv, r)
         prompts = build_prompts(cfg.prompts, cfg.prompts_for(lv), cfg.input_len, cfg.output_len, seed)
-        arrivals = None if lv.closed else arrival_times(len(prompts), lv.rate, cfg.burstiness, seed)
+        arrivals = None if lv.closed else \
+            [t / self.time_scale for t in arrival_times(len(prompts), lv.rate, cfg.burstiness, seed)]
         result = run_level(self.server.base_url, prompts, lv.concurrency, **self._common(arm),
                            level_timeout=cfg.timeouts.level_s, progress=self.progress, desc=name, arrivals=arrivals)
-        return result.requests, result.error_summary(cfg.timeouts.level_s)
+        records = result.requests
+        if self.time_scale != 1.0:
+            records = [x.in_profile_time(self.time_scale) for x in records]
+        return records, result.error_summary(cfg.timeouts.level_s)
 
     def measure_bench_serving(self, arm, lv: Level, r: int, name: str) -> tuple[dict, list, str]:
         """The real `python -m sglang.bench_serving` of the server's environment, one run per level."""

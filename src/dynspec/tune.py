@@ -122,8 +122,12 @@ def load_levels(cfg: TuneConfig):
     """Read the sweep; return (baseline arm, spec arm, levels, notes, context)."""
     from dynspec.results import closed_loop, read_table
 
+    from dynspec.results import wall_clock_problem
+
     if not cfg.results.is_file():
         raise TuneError(f"{cfg.results}: no such results file")
+    if wall_clock_problem(cfg.results.parent):
+        raise TuneError(wall_clock_problem(cfg.results.parent))
     try:
         df = closed_loop(read_table(cfg.results))  # a cutoff is judged at concurrency levels
     except ValueError as exc:
