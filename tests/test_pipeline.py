@@ -34,6 +34,12 @@ def test_prints_every_stage_with_its_time_and_the_report_path(pub):
     for stage in STAGES:
         assert re.search(rf"^\[pipeline\] {re.escape(stage)}\s+\d+\.\d s$", out, re.M), f"no time for {stage}"
     assert out.rstrip().splitlines()[-1] == f"report: {pub.report_dir / 'report.html'}"
+    # Where the run goes, said first; then every level as the sweep measures it, counted, with an ETA.
+    assert f"[pipeline] run folder: {(pub.runs / pub.run_id).resolve()}" in out or \
+        f"[pipeline] run folder: {pub.runs / pub.run_id}" in out
+    levels = re.findall(r"^\[sweep\] (\S+): [\d.]+ output tok/s.* \[level (\d+)/(\d+), ETA \d+:\d\d\]$", out, re.M)
+    assert [int(k) for _, k, _ in levels] == list(range(1, 10)) and {n for _, _, n in levels} == {"9"}
+    assert levels[0][0] == "baseline_c1_r0" and levels[-1][0] == "dynamic_c16_r0"
 
 
 def test_keeps_the_executed_notebooks_with_their_outputs(pub):

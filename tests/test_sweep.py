@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def test_full_two_arm_sweep_with_emulated_servers(tmp_path):
     p = cli("--config", str(CI_TINY), "--run-id", "tiny", "--runs-dir", str(runs), "--no-progress")
     assert p.returncode == 0, p.stderr
     run = runs / "tiny"
-    assert p.stdout.strip() == f"{run}: 4 rows, complete"
+    assert f"{run}: 4 rows, complete" in p.stdout.splitlines()
 
     # The layout the pipeline reads.
     for rel in ("config.yaml", "run.json", "environment.json", "results.csv", "sweep.log", "logs/baseline.log",
@@ -97,6 +98,10 @@ def test_full_two_arm_sweep_with_emulated_servers(tmp_path):
         assert scrape["accept_counters_reset"] is True and scrape["after"]["server_info"]["internal_states"][0]["dynspec"]
     assert "dynspec emulate: ready" in (run / "logs" / "eagle3.log").read_text()  # the server's log, teed
 
+    # It ends with a table of what it measured and the next command.
+    assert re.search(r"^output tok/s\narm\s+baseline\s+eagle3\nlevel\s*\nC=1\s+[\d.]+\s+[\d.]+\nC=4", p.stdout, re.M), \
+        p.stdout
+    assert p.stdout.rstrip().endswith(f"next: dynspec report {run}")
     # The same run again without --resume is refused; with --resume there is nothing to do.
     p = cli("--config", str(CI_TINY), "--run-id", "tiny", "--runs-dir", str(runs), "--no-progress")
     assert p.returncode == 2 and "run folder exists; pass --resume" in p.stderr

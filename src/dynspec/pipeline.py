@@ -18,12 +18,14 @@ papermill's error and the failing cell; its executed notebook stays for inspecti
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
 import re
 import shutil
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -444,8 +446,13 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
 
     stage("kernel", lambda: ensure_kernel(pc.kernel))
     _prepare_dirs(pc)
+    echo(f"[pipeline] run folder: {pc.run_dir} (its sweep.log says what happened)")
     for name in notebooks:
-        stage(name, lambda name=name: execute_notebook(pc, name, log_output))
+        if name == "02_sweep":
+            with _following(pc.run_dir / "sweep.log", echo):
+                stage(name, lambda name=name: execute_notebook(pc, name, log_output))
+        else:
+            stage(name, lambda name=name: execute_notebook(pc, name, log_output))
     report = stage("render html", lambda: render_html(pc.report_dir / "03_report.ipynb",
                                                       pc.report_dir / "report.html", f"dynspec report: {pc.run_id}"))
     index = stage("index", lambda: (write_summary(pc, timings), write_index(pc.reports_dir))[1])
@@ -453,6 +460,41 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
     echo(f"index:  {index}")
     echo(f"report: {report}")
     return report
+
+
+@contextlib.contextmanager
+def _following(log_path: Path, echo):
+    """While the sweep notebook runs, echo each measured level from its sweep.log ("[level k/N,
+    ETA m:ss]" lines): the notebook's kernel keeps its own output until the cell ends."""
+    stop = threading.Event()
+    start = log_path.stat().st_size if log_path.exists() else 0
+
+    def follow():
+        pos, rest = start, ""
+        while True:
+            done = stop.wait(0.5)
+            try:
+                with log_path.open(errors="replace") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+            except OSError:
+                chunk = ""
+            lines = (rest + chunk).split("\n")
+            rest = lines.pop()
+            for line in lines:
+                if "[level " in line:
+                    echo("[sweep] " + line.split(" ", 3)[-1])
+            if done:
+                return
+
+    t = threading.Thread(target=follow, name="dynspec-follow-sweep", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=5)
 
 
 def resolve_report(run_dir: str | Path, *, reports_dir: str | Path = "reports", overwrite: bool = False,

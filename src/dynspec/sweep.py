@@ -283,9 +283,9 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
     sweep = _Sweep(cfg, backend, run, writer, done, profile, progress)
     status = "running"
     try:
-        log.info("run %s: backend %s, %d arms x %d levels x %d repeats%s", run.info["run_id"], backend,
+        log.info("run %s: backend %s, %d arms x %d levels x %d repeats%s; log: %s", run.info["run_id"], backend,
                  len(cfg.arms), len(cfg.levels()), cfg.repeats,
-                 f" ({len(done)} already measured)" if resume else "")
+                 f" ({len(done)} already measured)" if resume else "", run.dir / "sweep.log")
         for arm in cfg.arms:
             sweep.run_arm(arm)
         status = "failed" if sweep.any_failed() else "complete"
@@ -324,6 +324,10 @@ class _Sweep:
         self.server = None
         self.rows_written = 0
         self.failures = 0
+        # Progress: "level k/N" and an ETA from the levels measured so far in this session.
+        self.to_measure = sum(1 for a in cfg.arms for lv in cfg.levels() for r in range(cfg.repeats)
+                              if (a.name, lv.concurrency, lv.rate, r) not in done)
+        self.t0 = time.monotonic()
 
     # Bookkeeping ---------------------------------------------------------------------------
     def any_failed(self) -> bool:
@@ -341,14 +345,20 @@ class _Sweep:
         row = make_row(self.ids(arm, level, repeat, policy), metrics)
         self.writer.append(row)
         self.rows_written += 1
-        name = level_name(arm.name, level, repeat)
+        name, progress = level_name(arm.name, level, repeat), f"[level {self.progress_text()}]"
         if row["error"]:
             self.failures += 1
-            log.error("%s: %s", name, row["error"])
+            log.error("%s: %s %s", name, row["error"], progress)
         else:
-            log.info("%s: %.1f output tok/s, %d requests, accept_length %s, spec_step_fraction %s", name,
+            log.info("%s: %.1f output tok/s, %d requests, accept_length %s, spec_step_fraction %s %s", name,
                      row["output_throughput"], row["completed"], _fmt(row["accept_length"]),
-                     _fmt(row["spec_step_fraction"]))
+                     _fmt(row["spec_step_fraction"]), progress)
+
+    def progress_text(self) -> str:
+        """'k/N, ETA m:ss' over the levels this session measures (server starts averaged in)."""
+        k, n = self.rows_written, max(self.to_measure, self.rows_written)
+        left = (time.monotonic() - self.t0) / k * (n - k) if k else 0.0
+        return f"{k}/{n}, ETA {int(left // 60)}:{int(left % 60):02d}"
 
     def fail_levels(self, arm, levels, error: str) -> None:
         policy = _expected_policy(self.cfg, arm, self.backend)
@@ -551,6 +561,19 @@ class _Sweep:
         return metrics, records, error
 
 
+def summary_table(run_dir: Path) -> str:
+    """Output tok/s by level (rows) and arm (columns), repeats averaged, failed rows left out."""
+    from dynspec.results import read_table
+
+    df = read_table(run_dir / "results.csv")
+    df = df[df["error"].fillna("").astype(str) == ""]
+    if df.empty:
+        return "no level measured without error"
+    df["level"] = [f"C={int(c)}" if c else f"{r:g} req/s" for c, r in zip(df["concurrency"], df["request_rate"])]
+    t = df.pivot_table(index="level", columns="arm", values="output_throughput", aggfunc="mean", sort=False)
+    return "output tok/s\n" + t.round(1).to_string()
+
+
 def _fmt(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
 
@@ -573,7 +596,9 @@ def _main(args) -> int:
         print(f"{prog}: interrupted; continue with --resume --run-id <id> (see sweep.log)", file=sys.stderr)
         return 130
     verdict = "something failed (see results.csv error column and sweep.log)" if result.failed else "complete"
+    print(summary_table(result.run_dir))
     print(f"{result.run_dir}: {result.rows} rows, {verdict}")
+    print(f"next: dynspec report {result.run_dir}")
     return 1 if result.failed else 0
 
 
