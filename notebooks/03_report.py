@@ -51,7 +51,7 @@ display(HTML(report.banner_html(run)), Markdown(f"**{report.headline_sentence(le
 # ## Findings
 
 # %%
-display(Markdown(report.findings(levels)))
+display(Markdown(report.findings(levels, run.config)))
 
 # %% [markdown]
 # ## Beside the compared runs

@@ -479,3 +479,15 @@ def test_percentiles_goodput_rates_and_prompt_source_reach_the_report(tmp_path):
             assert not ((pts["per_user"] >= a["per_user"]) & (pts["output_throughput"] > a["output_throughput"])).any()
     report.pareto_figure(levels, 50, 60.0)
     report.latency_figure(levels, [50, 75, 99])
+
+
+def test_the_lockstep_ttft_artifact_is_explained_only_where_it_applies():
+    lv = _levels()  # baseline TTFT 50*C ms, eagle3 the same: no artifact
+    assert report.lockstep_ttft_note(lv, {}) == ""
+    rows = _rows()
+    rows.loc[rows["arm"] == "eagle3", "median_ttft_ms"] = 46.0  # plain TTFT up to 3200 ms at C=64
+    lv = report.level_table(rows)
+    note = report.lockstep_ttft_note(lv, {"prompts": {"output_lens": "fixed"}})
+    assert note.startswith("`baseline`'s median is 70x `eagle3`'s at C=64 (3200 vs 46 ms)")
+    assert "- **TTFT:** `baseline`'s median is 70x" in report.findings(lv, {})
+    assert report.lockstep_ttft_note(lv, {"prompts": {"output_lens": "range"}}) == ""  # not this workload

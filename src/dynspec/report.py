@@ -658,8 +658,9 @@ def prompt_source(config: dict) -> str:
     return f"{words.get(source, source)} `{name}`" + (f", {how}" if how else "")
 
 
-def findings(levels: pd.DataFrame) -> str:
-    """The report's conclusions in a few bullets, each computed from the levels table."""
+def findings(levels: pd.DataFrame, config: dict | None = None) -> str:
+    """The report's conclusions in a few bullets, each computed from the levels table (and the
+    run's resolved config, for what the workload explains)."""
     base, spec = roles(levels)
     plain, specs = static_arms(levels)
     out = [f"- **Crossover:** {crossover(levels, a).describe()}." for a in specs] or \
@@ -687,10 +688,38 @@ def findings(levels: pd.DataFrame) -> str:
         out.append(f"- **{' and '.join(f'`{a}`' for a in same)} coincide** (within 0.5% at every level): "
                    "the simulator models every EAGLE-3 arm as the same chain; the v1 worker's draft tree "
                    "is not modelled apart. dynspec's patch switches the v2 worker (topk 1) only.")
+    note = lockstep_ttft_note(levels, config or {})
+    if note:
+        out.append(f"- **TTFT:** {note}")
     failed = int(levels["failed_repeats"].sum())
     if failed:
         out.append(f"- **Failed:** {failed} measurement(s) failed and are left out (listed at the end).")
     return "\n".join(out)
+
+
+def lockstep_ttft_note(levels: pd.DataFrame, config: dict) -> str:
+    """Why the plain arm's TTFT dwarfs EAGLE-3's, when it does and the workload explains it ("" else).
+
+    With fixed output lengths in a closed loop, a plain server emits one token per request per
+    step, so requests admitted together finish together and their clients send the next ones
+    at once: each new request waits behind a whole cohort's prefill.  Speculation's accepted
+    lengths differ per request and break the cohorts.  Randomized output lengths (as
+    bench_serving's --random-range-ratio) break them too: measured on seed-blackwell, simulated,
+    C=30: 665 -> 41 ms with output lengths uniform in [128, 256] (docs/PIPELINE.md)."""
+    base, spec = roles(levels)
+    if not base or not spec or (config.get("prompts") or {}).get("output_lens", "fixed") != "fixed":
+        return ""
+    w = levels.pivot_table(index="concurrency", columns="arm", values="median_ttft_ms")
+    if base not in w or spec not in w:
+        return ""
+    ratio = (w[base] / w[spec]).dropna()
+    if ratio.empty or ratio.max() < 5:
+        return ""
+    c = int(ratio.idxmax())
+    return (f"`{base}`'s median is {ratio.max():.0f}x `{spec}`'s at C={c} "
+            f"({w.loc[c, base]:.0f} vs {w.loc[c, spec]:.0f} ms). An artifact of fixed output lengths in a closed "
+            f"loop: plain requests admitted together finish together, and their clients' next requests queue "
+            f"behind one another's prefill. Randomized lengths (`prompts.output_lens: range`) remove it.")
 
 
 def coinciding_arms(levels: pd.DataFrame, arms: list[str], tol: float = 0.005) -> list[str]:
