@@ -103,3 +103,19 @@ def test_every_link_of_the_index_resolves_and_opens(browser, pub):
         linked.close()
     assert outside == []
     page.close()
+
+
+def test_the_first_screen_holds_the_status_box_and_the_headline(browser, pub):
+    """What a reader sees before scrolling: where the numbers come from, then the answer."""
+    page, _ = _open(browser, pub.report_dir / "report.html")
+    box = page.locator(".dynspec-status")
+    assert box.count() == 1
+    top = box.bounding_box()
+    assert top is not None and top["y"] + top["height"] < 900  # inside the first 900 px
+    text = box.inner_text()
+    assert "Numbers" in text and "Simulated" in text and "Profile" in text and "by construction" in text
+    head = page.locator("strong", has_text="Speculation").first  # the headline sentence, bold
+    hb = head.bounding_box()
+    assert hb is not None and hb["y"] < 900 and hb["y"] > top["y"]
+    assert "of the better static arm" in head.inner_text()
+    page.close()
