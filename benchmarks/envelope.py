@@ -121,6 +121,10 @@ def family_main(args) -> int:
           f"({len(df[df.arm == 'dynamic'])} member-levels): simulated output tok/s / max(baseline, eagle3)")
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_envelope)}")
+    print("the same / max(never, eagle3) on the switching server (its plain steps pay the catch-up; "
+          "the policy's own error):")
+    for arm in ARMS:
+        print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_switching)}")
     dyn = df[df.arm == "dynamic"]
     worst = dyn.loc[dyn.of_envelope.idxmin()]
     wm = next(m for m in members if m.index == worst.member)

@@ -219,14 +219,14 @@ def test_goodput_agrees_on_counts_when_a_rank_dropped_a_step_time():
 
     def rank(r: int) -> list[bool]:
         p, out = policies[r], []
-        for i in range(4):  # exploration: spec, spec, plain, plain; then one agreement
+        for i in range(4):  # exploration: plain, plain, spec, spec; then one agreement
             d = p.decide(8)
-            t = None if (r, i) == (1, 2) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
+            t = None if (r, i) == (1, 1) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
             p.observe(StepRecord(8, d, (1,) * 8 if d else (), t))
             out.append(d)
         return out
 
-    assert run_ranks(rank, 2) == [[True, True, False, False]] * 2
+    assert run_ranks(rank, 2) == [[False, False, True, True]] * 2
     b = bucket_of(8)
     assert policies[0].t_est == policies[1].t_est
     assert policies[0].t_est[0][b] == pytest.approx((0.010 * 2 + 0.012) / 3)
@@ -460,11 +460,18 @@ def test_goodput_prior_and_probe_costs_include_the_resume():
     assert Goodput(losing_r).t_est[1][b] == pytest.approx(0.024 + 0.006 / 8)
     assert Goodput(losing_r, dwell=2).t_est[1][b] == pytest.approx(0.027)
     # from plain: (ts + r) / tp - (1 + acc) plain steps lost per probe, over the 0.005 budget (int() of it)
-    assert 80 - 1 <= Goodput(losing)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
-    assert 215 - 1 <= Goodput(losing_r)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
+    assert 80 - 1 <= Goodput(losing, lead=0)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
+    assert 215 - 1 <= Goodput(losing_r, lead=0)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
+    # with the lead, speculation's 2 tokens count as 2 / 1.05: (2.4 - 1.905) / 0.005
+    assert 99 - 1 <= Goodput(losing)._interval[0][b] <= 99
     winning, winning_r = _flat_profile(10, 12, 2.5), _flat_profile(10, 12, 2.5, resume=6)
-    assert 86 - 1 <= Goodput(winning)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
-    assert 170 - 1 <= Goodput(winning_r)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    assert 86 - 1 <= Goodput(winning, lead=0)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
+    assert 170 - 1 <= Goodput(winning_r, lead=0)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    # from plain where speculation wins, a probe still costs its resume: r / tp = 0.6 plain steps / 0.005
+    assert Goodput(winning, lead=0)._interval[0][b] == Goodput.PROBE_MIN
+    assert 120 - 1 <= Goodput(winning_r, lead=0)._interval[0][b] <= 120
     # and a close call the resume tips: without it speculating gains 5%, with it loses
     close, close_r = _flat_profile(10, 19, 2.0), _flat_profile(10, 19, 2.0, resume=16)
-    assert Goodput(close).decide(8) is True and Goodput(close_r).decide(8) is False
+    assert Goodput(close, lead=0).decide(8) is True and Goodput(close_r, lead=0).decide(8) is False
+    # a 5% gain is no more than the lead asks: plain
+    assert Goodput(close).decide(8) is False
