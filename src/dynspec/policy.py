@@ -21,7 +21,7 @@ server's environment (DYNSPEC_POLICY):
     threshold:32 | threshold:on=24,off=32,dwell=50
     table:1-63=on,64-=off[,dwell=N]
     sglang-default-tiers
-    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,sync_every=64
+    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,lead=0.05,sync_every=64
     cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
 """
 
@@ -366,11 +366,13 @@ class SyncSchedule:
 class Goodput(Policy):
     """Speculate when it is expected to give more output tokens per second.
 
-    Per batch-size bucket it keeps an EMA of accepted draft tokens per request and,
-    per mode, an estimate of the step time; expected goodput per request is
-    (1 + accepted) / t_spec against 1 / t_plain.  Step times start from a profile
-    when given and are refined by measured times that the ranks agreed on (`sync`).
-    Without a profile, each mode is tried `min_samples` times in a bucket first.
+    "Goodput" here is output tokens per second (SmartSpec's sense), not vLLM's or DistServe's
+    requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
+    tokens per request and, per mode, an estimate of the step time; expected goodput per
+    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain.  Step times start
+    from a profile when given and are refined by measured times that the ranks agreed on
+    (`sync`).  Without a profile, a new bucket is decided from a neighbour that clearly knows,
+    or by trying plain then speculative steps there (`min_samples` each, or one when decisive).
 
     Probes keep the estimates honest: now and then it takes the other mode for one
     step.  A probe's expected cost (output lost, in steps of the current mode) sets
