@@ -219,14 +219,14 @@ def test_goodput_agrees_on_counts_when_a_rank_dropped_a_step_time():
 
     def rank(r: int) -> list[bool]:
         p, out = policies[r], []
-        for i in range(4):  # exploration: spec, spec, plain, plain; then one agreement
+        for i in range(4):  # exploration: plain, plain, spec, spec; then one agreement
             d = p.decide(8)
-            t = None if (r, i) == (1, 2) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
+            t = None if (r, i) == (1, 1) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
             p.observe(StepRecord(8, d, (1,) * 8 if d else (), t))
             out.append(d)
         return out
 
-    assert run_ranks(rank, 2) == [[True, True, False, False]] * 2
+    assert run_ranks(rank, 2) == [[False, False, True, True]] * 2
     b = bucket_of(8)
     assert policies[0].t_est == policies[1].t_est
     assert policies[0].t_est[0][b] == pytest.approx((0.010 * 2 + 0.012) / 3)
@@ -460,11 +460,70 @@ def test_goodput_prior_and_probe_costs_include_the_resume():
     assert Goodput(losing_r).t_est[1][b] == pytest.approx(0.024 + 0.006 / 8)
     assert Goodput(losing_r, dwell=2).t_est[1][b] == pytest.approx(0.027)
     # from plain: (ts + r) / tp - (1 + acc) plain steps lost per probe, over the 0.005 budget (int() of it)
-    assert 80 - 1 <= Goodput(losing)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
-    assert 215 - 1 <= Goodput(losing_r)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
+    assert 80 - 1 <= Goodput(losing, lead=0)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
+    assert 215 - 1 <= Goodput(losing_r, lead=0)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
+    # with the lead, speculation's 2 tokens count as 2 / 1.05: (2.4 - 1.905) / 0.005
+    assert 99 - 1 <= Goodput(losing)._interval[0][b] <= 99
     winning, winning_r = _flat_profile(10, 12, 2.5), _flat_profile(10, 12, 2.5, resume=6)
-    assert 86 - 1 <= Goodput(winning)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
-    assert 170 - 1 <= Goodput(winning_r)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    assert 86 - 1 <= Goodput(winning, lead=0)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
+    assert 170 - 1 <= Goodput(winning_r, lead=0)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    # from plain where speculation wins, a probe still costs its resume: r / tp = 0.6 plain steps / 0.005
+    assert Goodput(winning, lead=0)._interval[0][b] == Goodput.PROBE_MIN
+    assert 120 - 1 <= Goodput(winning_r, lead=0)._interval[0][b] <= 120
     # and a close call the resume tips: without it speculating gains 5%, with it loses
     close, close_r = _flat_profile(10, 19, 2.0), _flat_profile(10, 19, 2.0, resume=16)
-    assert Goodput(close).decide(8) is True and Goodput(close_r).decide(8) is False
+    assert Goodput(close, lead=0).decide(8) is True and Goodput(close_r, lead=0).decide(8) is False
+    # a 5% gain is no more than the lead asks: plain
+    assert Goodput(close).decide(8) is False
+
+
+def test_goodput_decides_a_new_bucket_from_a_neighbour_that_clearly_knows():
+    """Speculation's relative cost does not fall with the batch: where it clearly loses at batch 8
+    it is not tried again at 64, and where it clearly wins at 64 it is not doubted at 8."""
+    losing = Machine(**LOSING)
+    p = Goodput()
+    run(p, losing, [8] * 20)
+    assert run(p, losing, [64] * 6) == [False] * 6  # no exploring spec steps in the new bucket
+    winning = Machine(plain=ms(10, 0.0), spec=ms(12, 0.0), accepted_mean=1.5)  # g ~ 2
+    q = Goodput()
+    run(q, winning, [64] * 20)
+    assert run(q, winning, [8] * 6) == [True] * 6  # no exploring plain steps either
+    # a close call decides nothing for its neighbours: both modes are tried there
+    close = Machine(plain=ms(10, 0.1), spec=ms(20, 0.2), accepted_mean=1.0)
+    c = Goodput()
+    run(c, close, [8] * 20)
+    assert set(run(c, close, [64] * 4)) == {True, False}
+
+
+def test_goodput_learns_what_a_switch_to_speculating_costs():
+    """Without a profile the resume is measured: a spec step right after plain ones costs more,
+    and that excess lengthens the interval between probes from plain."""
+    class Resuming(Machine):
+        def __init__(self, resume_ms, **kw):
+            super().__init__(**kw)
+            self.resume, self.prev = resume_ms / 1000.0, None
+
+        def step(self, bs, speculate, rng=None):
+            rec = super().step(bs, speculate, rng)
+            if speculate and self.prev is False:
+                rec = rec._replace(step_time_s=rec.step_time_s + self.resume)
+            self.prev = speculate
+            return rec
+
+    b = bucket_of(16)
+    # Speculating (it wins), a plain probe's way back is a resumed step: the excess is the resume,
+    # and it makes those probes rarer.
+    win = dict(plain=ms(10, 0.0), spec=ms(12, 0.0), accepted_mean=1.5)
+    cheap, dear = Goodput(), Goodput()
+    run(cheap, Resuming(0.0, **win), [16] * 3000)
+    run(dear, Resuming(4.0, **win), [16] * 3000)
+    assert cheap._t_resume[b] == pytest.approx(0.0, abs=1e-4)
+    assert dear._t_resume[b] == pytest.approx(0.004, rel=0.2)
+    assert dear._interval[1][b] > 1.5 * cheap._interval[1][b]
+    # Decoding plainly (it loses), every spec step is a probe and a resumed one: its time carries
+    # the resume, which lengthens the interval between probes from plain all the same.
+    lose = dict(plain=ms(10, 0.0), spec=ms(12, 0.0), accepted_mean=0.1)
+    cheap, dear = Goodput(), Goodput()
+    run(cheap, Resuming(0.0, **lose), [16] * 3000)
+    run(dear, Resuming(4.0, **lose), [16] * 3000)
+    assert dear._interval[0][b] > 1.5 * cheap._interval[0][b]

@@ -21,7 +21,7 @@ server's environment (DYNSPEC_POLICY):
     threshold:32 | threshold:on=24,off=32,dwell=50
     table:1-63=on,64-=off[,dwell=N]
     sglang-default-tiers
-    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,sync_every=64
+    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,lead=0.05,sync_every=64
     cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
 """
 
@@ -366,11 +366,13 @@ class SyncSchedule:
 class Goodput(Policy):
     """Speculate when it is expected to give more output tokens per second.
 
-    Per batch-size bucket it keeps an EMA of accepted draft tokens per request and,
-    per mode, an estimate of the step time; expected goodput per request is
-    (1 + accepted) / t_spec against 1 / t_plain.  Step times start from a profile
-    when given and are refined by measured times that the ranks agreed on (`sync`).
-    Without a profile, each mode is tried `min_samples` times in a bucket first.
+    "Goodput" here is output tokens per second (SmartSpec's sense), not vLLM's or DistServe's
+    requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
+    tokens per request and, per mode, an estimate of the step time; expected goodput per
+    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain.  Step times start
+    from a profile when given and are refined by measured times that the ranks agreed on
+    (`sync`).  Without a profile, a new bucket is decided from a neighbour that clearly knows,
+    or by trying plain then speculative steps there (`min_samples` each, or one when decisive).
 
     Probes keep the estimates honest: now and then it takes the other mode for one
     step.  A probe's expected cost (output lost, in steps of the current mode) sets
@@ -383,6 +385,7 @@ class Goodput(Policy):
     name = "goodput"
     PROBE_MIN = 8  # steps: a probe's own estimate needs a few steps between probes
     SHRINK = 4.0  # a bucket's acceptance leans on the global one until it has a few samples
+    BORROW = 0.15  # a neighbour decides a new bucket when one mode wins there by this much
 
     def __init__(
         self,
@@ -395,16 +398,19 @@ class Goodput(Policy):
         budget: float = 0.005,
         dwell: int = 8,
         margin: float = 0.02,
+        lead: float = 0.05,
         alpha: float = 0.1,
+        acc_alpha: float = 0.02,
         min_samples: int = 2,
         spec_text: str = "goodput",
     ):
         if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
-                or not 0 < alpha <= 1 or sync_every < 1 or min_samples < 1):
+                or not 0 <= lead < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
+                or min_samples < 1):
             raise PolicySpecError(
-                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<alpha<=1, "
-                f"sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, margin={margin}, "
-                f"alpha={alpha}, sync_every={sync_every})"
+                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, "
+                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, "
+                f"margin={margin}, lead={lead}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
             )
         n = len(BUCKET_EDGES)
         self._spec_text = spec_text
@@ -413,6 +419,11 @@ class Goodput(Policy):
         self.sync_every = sync_every
         self.use_times = use_times
         self.probe, self.budget, self.margin, self.alpha = probe, budget, margin, alpha
+        self.lead, self.acc_alpha = lead, acc_alpha
+        # Speculative output is valued at 1/(1 + lead) of its face: speculation has costs a decode
+        # step's time does not show (completions scatter, so prefills fragment and batches drain
+        # unevenly), so it must promise `lead` more output than plain decoding to be chosen.
+        self._discount = 1.0 / (1.0 + lead)
         self.min_samples = min_samples
         # [mode][bucket], mode 0 = plain, 1 = spec
         self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
@@ -433,12 +444,17 @@ class Goodput(Policy):
                 self._t_resume[b] = profile.resume_time(bs)
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
-        # Times measured since the last sync: [mode][bucket] sum and count.
-        self._t_sum = [[0.0] * n, [0.0] * n]
-        self._t_cnt = [[0] * n, [0] * n]
+        self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
+        self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
+        self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
+        # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
+        # 2 a spec step right after plain ones (it pays the resume: what a switch on costs).
+        self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n]
+        self._t_cnt = [[0] * n, [0] * n, [0] * n]
+        self._prev_spec: bool | None = None  # the mode of the last step observed
         self._in_bucket = [0] * n  # decisions taken in each bucket
         self._last_seen = [[0] * n, [0] * n]  # _in_bucket when a mode last ran there
-        self._choice = [True] * n
+        self._choice = [False] * n  # a near tie stays plain (see lead)
         self._interval = [[probe] * n, [probe] * n]  # probe interval while in [mode][bucket]
         self._dwell = _Dwell(dwell, True)
         self._step = 0
@@ -458,40 +474,48 @@ class Goodput(Policy):
         return (k * a + self.SHRINK * g) / (k + self.SHRINK)
 
     def _gain(self, b: int) -> float | None:
-        """Expected spec/plain goodput ratio in bucket b, None while unknown."""
+        """Expected spec/plain goodput ratio in bucket b (speculation's output discounted by the
+        lead), None while unknown."""
         tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
-        return (1.0 + acc) * tp / ts
+        return (1.0 + acc) * self._discount * tp / ts
 
     def _refresh(self, b: int) -> None:
         tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
         if tp is None or ts is None or acc is None:
             return
+        acc = (1.0 + acc) * self._discount - 1.0  # tokens per request as valued (lead)
         g = (1.0 + acc) * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
         # Output lost by one probe, in steps of the mode probed from: from plain, a spec
-        # step and its resume r cost (ts + r)/tp plain steps and return 1 + acc tokens; from
-        # spec, a plain step returns 1 token where spec would give g, out of (1 + acc) per
-        # spec step, and the way back pays r.
+        # step and its resume r cost (ts + r)/tp plain steps and return 1 + acc tokens, and never
+        # less than the resume; from spec, a plain step returns 1 token where spec would give g,
+        # out of (1 + acc) per spec step, and the way back pays r.  The switch's own cost keeps
+        # probes from coming every few steps where the two modes are tied.
         lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
-        if g < 1.0:
-            self._interval[0][b] = int(min(hi, max(lo, ((ts + r) / tp - (1.0 + acc)) / budget)))
-            self._interval[1][b] = lo
-        else:
-            self._interval[0][b] = lo
-            self._interval[1][b] = int(min(hi, max(lo, ((g - 1.0) / (1.0 + acc) + r / ts) / budget)))
+        from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
+        from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
+        self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
+        self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1
         b = bucket_of(batch_size)
-        if self._explore:
+        if self._explore and not self._known[b]:
             seen = self.n_seen
-            if seen[1][b] < self.min_samples:
-                return self._take(True, b)
-            if seen[0][b] < self.min_samples:
+            # Plain first: a plain step costs at most the speedup speculation would have given, a
+            # speculative one on a losing machine many plain steps; and one of those is enough
+            # when it already loses (or wins) decisively.
+            if self._borrow(b) or self._decisive(b):
+                self._known[b] = True
+            elif seen[0][b] < self.min_samples:
                 return self._take(False, b)
+            elif seen[1][b] < self.min_samples:
+                return self._take(True, b)
+            else:
+                self._known[b] = True
         mode = self._dwell.want(self._choice[b])
         # Probe clocks count steps spent in this bucket, so a bucket visited rarely is not
         # probed on every visit.
@@ -501,6 +525,42 @@ class Goodput(Policy):
         self._last_seen[mode][b] = self._in_bucket[b]
         self._probing = False
         return mode
+
+    def _borrow(self, b: int) -> bool:
+        """Decide a new bucket from a neighbour's evidence instead of trying both modes there.
+
+        Speculation's relative cost does not fall as the batch grows (verifying k+1 tokens per
+        request turns compute-bound first), so a smaller bucket where it clearly loses says it
+        loses here too, and a larger one where it clearly wins says it wins here.  The bucket
+        starts from that neighbour's step times; its own measurements replace them, and probes
+        check the borrowed mode as anywhere else."""
+        n, decisive = len(BUCKET_EDGES), self.BORROW
+        for nb in range(b - 1, -1, -1):  # the nearest smaller bucket that knows
+            if self._known[nb]:
+                g = self._gain(nb)
+                if g is not None and g < 1.0 - decisive:
+                    return self._seed(b, nb)
+                break
+        for nb in range(b + 1, n):  # the nearest larger one
+            if self._known[nb]:
+                g = self._gain(nb)
+                if g is not None and g > 1.0 + decisive:
+                    return self._seed(b, nb)
+                break
+        return False
+
+    def _decisive(self, b: int) -> bool:
+        g = self._gain(b)
+        return g is not None and abs(g - 1.0) > self.BORROW
+
+    def _seed(self, b: int, nb: int) -> bool:
+        for m in (0, 1):
+            if self.n_seen[m][b] == 0 or self.t_est[m][b] is None:
+                self.t_est[m][b] = self.t_est[m][nb]
+                self._seeded[m][b] = True
+        self._known[b] = True
+        self._refresh(b)
+        return True
 
     def _take(self, mode: bool, b: int, probe: bool = False) -> bool:
         self._last_seen[mode][b] = self._in_bucket[b]
@@ -515,24 +575,43 @@ class Goodput(Policy):
         self.n_seen[m][b] += 1
         changed = False
         if speculated and accepted:
-            a = sum(accepted) / len(accepted)
+            k = len(accepted)
+            a = sum(accepted) / k
+            # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
+            # 0..num_steps from step to step, so at batch 1 a step says little.
+            w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
             prev, g = self.acc_est[b], self.acc_global
-            self.acc_est[b] = a if prev is None else prev + self.alpha * (a - prev)
+            self.acc_est[b] = a if prev is None else prev + w * (a - prev)
             self.n_acc[b] += 1
-            self.acc_global = a if g is None else g + self.alpha * (a - g)
+            self.acc_global = a if g is None else g + w * (a - g)
             changed = True
         if t is not None and self.use_times:
+            kind = 2 if speculated and self._prev_spec is False else m
             if not self._buffer_times:  # one process: its own times are the agreed ones
-                prev = self.t_est[m][b]
-                self.t_est[m][b] = t if prev is None else prev + self.alpha * (t - prev)
+                self._fold(kind, b, t, 1)
                 changed = True
             else:
-                self._t_sum[m][b] += t
-                self._t_cnt[m][b] += 1
+                self._t_sum[kind][b] += t
+                self._t_cnt[kind][b] += 1
+        self._prev_spec = speculated
         if changed:
             self._refresh(b)
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
             self.sync_apply(self.sync(self.sync_values()))
+
+    def _fold(self, kind: int, b: int, t: float, count: float) -> None:
+        """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
+        if kind == 2:  # a resumed spec step: what it cost beyond a spec step is the resume ...
+            ts = self.t_est[1][b]
+            if ts is not None and not self._seeded[1][b]:
+                w = 1.0 - (1.0 - self.alpha) ** count
+                self._t_resume[b] += w * (max(t - ts, 0.0) - self._t_resume[b])
+            kind = 1  # ... and it is a spec step too (probes from plain are all resumed ones)
+        prev = self.t_est[kind][b]
+        if prev is None or self._seeded[kind][b]:  # a borrowed time gives way to a measured one
+            self.t_est[kind][b], self._seeded[kind][b] = t, False
+        else:
+            self.t_est[kind][b] = prev + (1.0 - (1.0 - self.alpha) ** count) * (t - prev)
 
     # Agreement across TP ranks --------------------------------------------------------
     def sync_schedule(self) -> SyncSchedule:
@@ -542,33 +621,30 @@ class Goodput(Policy):
         self._self_sync, self._buffer_times = False, True
 
     def sync_values(self) -> list[float]:
-        """Step-time sums and counts measured since the last agreement, [mode][bucket]."""
+        """Step-time sums and counts measured since the last agreement, [kind][bucket]."""
         cnt = self._t_cnt
-        return self._t_sum[0] + self._t_sum[1] + [float(c) for c in cnt[0] + cnt[1]]
+        return [*self._t_sum[0], *self._t_sum[1], *self._t_sum[2], *(float(c) for row in cnt for c in row)]
 
     def sync_apply(self, agreed: list[float]) -> None:
         """Fold the agreed step times into the estimates.  Counts are agreed like the sums
         (each rank drops intervals it cannot trust on its own), and the agreed sums are
         divided by the agreed counts: every rank folds the same means with the same weights."""
         n = len(BUCKET_EDGES)
-        if len(agreed) != 4 * n:
-            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {4 * n}")
-        for m in (0, 1):
+        if len(agreed) != 6 * n:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {6 * n}")
+        for kind in (0, 1, 2):
             for b in range(n):
-                c = agreed[(2 + m) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
+                c = agreed[(3 + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
                 if c > 0:
-                    mean = agreed[m * n + b] / c
-                    prev = self.t_est[m][b]
-                    w = 1.0 - (1.0 - self.alpha) ** c
-                    self.t_est[m][b] = mean if prev is None else prev + w * (mean - prev)
+                    self._fold(kind, b, agreed[kind * n + b] / c, c)
                     self._refresh(b)
-                self._t_cnt[m][b] = 0
-                self._t_sum[m][b] = 0.0
+                self._t_cnt[kind][b] = 0
+                self._t_sum[kind][b] = 0.0
 
     def state_key(self) -> tuple:
         # The discrete state decisions follow (estimates enter through _choice and _interval).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
-                self._last_seen, self._choice, self._interval)
+                self._last_seen, self._choice, self._interval, self._known, self._seeded)
 
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)
@@ -730,7 +806,9 @@ _GOODPUT_OPTS = {
     "min_samples": "steps each mode is tried per bucket without a profile",
     "dwell": "minimum steps between switches",
     "margin": "relative advantage needed to switch",
-    "alpha": "EMA weight",
+    "lead": "share more output speculation must promise to be chosen",
+    "alpha": "EMA weight of step times",
+    "acc_alpha": "EMA weight of one request's accepted drafts",
     "sync_every": "steps between rank agreements on step times",
     "times": "use measured step times (1/0)",
 }
@@ -749,7 +827,7 @@ def _goodput(spec: str, body: str, profile, sync: SyncHook | None) -> Goodput:
     for key in ("probe", "dwell", "sync_every", "min_samples"):
         if key in o:
             kw[key] = _int(spec, key, o[key])
-    for key in ("margin", "alpha", "budget"):
+    for key in ("margin", "lead", "alpha", "acc_alpha", "budget"):
         if key in o:
             kw[key] = _float(spec, key, o[key])
     if "times" in o:

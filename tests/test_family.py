@@ -1,0 +1,68 @@
+"""The generated profile family (dynspec.family) and the dynamic arm on a small piece of it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dynspec.family import LEVELS, SHAPES, family, levels_for, member, run_member, vllm_k0_profile
+from dynspec.profile import Profile
+
+
+def test_members_are_reproducible_validated_profiles_of_every_shape():
+    members = family(40, seed=3)
+    assert members == family(40, seed=3)  # same seed, same family
+    assert member(3, 7) == members[7]  # one member alone, as --family-member draws it
+    assert family(5, seed=4) != members[:5]
+    assert {m.shape for m in members} == set(SHAPES)
+    assert {m.workload for m in members} == {"decode-heavy", "ttft-heavy"}
+    for m in members:
+        p = m.profile()
+        assert isinstance(p, Profile)
+        assert 1.5 <= m.accept_length <= 4 and 2 <= m.num_steps <= 5
+        assert 0.005 <= m.catch_up <= 0.06
+        assert p.catch_up_time(8) == pytest.approx(m.catch_up * p.plain_time(8), rel=1e-3)
+        g = [m.accept_length * p.plain_time(b) / p.spec_time(b) for b in (1, 16, 256)]
+        assert g[0] >= g[1] * (1 - 1e-4) and g[1] >= g[2] * (1 - 1e-4)  # speedup never rises with the batch (tables rounded)
+        if m.shape in ("falling", "flat-then-falling"):
+            # the per-step crossover lies where it was drawn: a knot of the table
+            assert p.crossover_batch(up_to=256) == m.crossover or math.isclose(m.gain(m.crossover), 1.0)
+        elif m.shape == "never-above-1":
+            assert p.crossover_batch(up_to=256) == 1
+        else:
+            assert p.crossover_batch(up_to=256) is None
+
+
+def test_crossovers_fall_between_bucket_edges_and_levels_cover_them():
+    from dynspec.policy import BUCKET_EDGES
+
+    crossing = [m for m in family(200) if m.crossover]
+    inside = [m for m in crossing if m.crossover not in BUCKET_EDGES]
+    assert len(inside) > len(crossing) / 2
+    m = inside[0]
+    assert {m.crossover - 1, m.crossover, m.crossover + 1} <= set(levels_for(m))
+    assert set(LEVELS) <= set(levels_for(m))
+
+
+def test_vllm_k0_pays_a_full_draft_forward_on_every_plain_step():
+    p = member(0, 0).profile()
+    k0 = vllm_k0_profile(p)
+    assert k0.catch_up_time(32) == pytest.approx(p.resume_time(32))
+    assert k0.resume_time(32) == 0 and k0.spec_time(32) == p.spec_time(32)
+
+
+def test_dynamic_arm_on_a_small_family():
+    """Ten members, five levels each: the dynamic arm must stay near the switching server's best
+    mode at every level (a broken policy, e.g. one that always or never speculates, falls far
+    below on some member: see the control)."""
+    levels = (1, 4, 16, 64)
+    ratios, always = [], []
+    for m in family(10, seed=1):
+        rows = run_member(m, arms=("dynamic", "threshold:32"), levels=levels)
+        ratios += [r["of_switching"] for r in rows if r["arm"] == "dynamic"]
+        always += [r["of_switching"] for r in rows if r["arm"] == "eagle3"]
+    ratios = np.array(ratios)
+    assert ratios.min() >= 0.90 and np.median(ratios) >= 0.98, (ratios.min(), np.median(ratios))
+    assert min(always) < 0.8  # the control: some member punishes a policy that does not adapt
