@@ -56,8 +56,8 @@ def test_crossover_interpolates_on_log_concurrency():
     assert x.concurrency == pytest.approx(4 * 4 ** 0.25)
     # Two significant figures: the point lies between two measured levels, nothing finer.
     assert "between C=4 and C=16 (near C=5.7, interpolated)" in x.describe()
-    assert report._two_figures(220.3) == "220" and report._two_figures(5.657) == "5.7"
-    assert report._two_figures(0.0312) == "0.031" and report._two_figures(1234.0) == "1200"
+    assert report.two_figures(220.3) == "220" and report.two_figures(5.657) == "5.7"
+    assert report.two_figures(0.0312) == "0.031" and report.two_figures(1234.0) == "1200"
 
 
 def test_crossover_never_and_always_pays():

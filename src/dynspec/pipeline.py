@@ -325,10 +325,12 @@ def _fmt_peak(p: dict | None) -> str:
 
 
 def _index_row(run_id: str, s: dict) -> str:
+    from dynspec.report import two_figures
+
     e = html.escape
     x = s.get("crossover") or {}
     if x.get("status") == "crosses":
-        cross = f"C≈{x['concurrency']}"
+        cross = f"C≈{two_figures(x['concurrency'])}"  # interpolated between two levels: no finer
     else:
         cross = {"never-pays": "never pays", "always-pays": "always pays"}.get(x.get("status"), "–")
     best = s.get("best_policy")

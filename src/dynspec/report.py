@@ -284,7 +284,7 @@ class Crossover:
             lo, hi = self.between
             # Two significant figures: the point is interpolated between two measured levels.
             return (f"{who} stops paying between C={lo} and C={hi} "
-                    f"(near C={_two_figures(self.concurrency)}, interpolated)")
+                    f"(near C={two_figures(self.concurrency)}, interpolated)")
         if self.status == "never-pays":
             return f"{who} loses to the baseline at every concurrency measured: no crossover in range"
         if self.status == "always-pays":
@@ -292,7 +292,7 @@ class Crossover:
         return "no crossover: the run lacks a baseline or an eagle3 arm at a common concurrency"
 
 
-def _two_figures(x: float) -> str:
+def two_figures(x: float) -> str:
     """220.3 -> "220", 5.66 -> "5.7": as precise as a point between two measured levels can be."""
     digits = 1 - math.floor(math.log10(abs(x))) if x else 1
     return f"{round(x, digits):.{max(digits, 0)}f}"
