@@ -13,11 +13,14 @@ from dynspec.results import read_table
 from dynspec.sweep import run_sweep
 
 # The stated tolerance: both drivers measure the same emulated server the same way (bench_serving's
-# definitions), so closed-loop throughput and median TPOT agree within 5%, median TTFT within 30%
-# (a few ms, where one client's scheduling shows).  At an open-loop level each draws its own Poisson
+# definitions), so closed-loop throughput and median TPOT agree within 10%, median TTFT within 30%
+# (a few ms, where one client's scheduling shows).  Measured 1% apart on an idle 2-core machine;
+# 10% because the emulator runs in real time and the two levels run one after the other, so a
+# busy machine (other tests, other processes) slows one of them (seen: outside 5% with the
+# machine three times oversubscribed).  A wrong definition is off by far more.  At an open-loop level each draws its own Poisson
 # arrivals (bench_serving from numpy's global seed, after its dataset's draws): 80 arrivals at
 # 20 req/s span 4 s +- 11% each, so the served rates are compared within 40%, median TPOT within 10%.
-CLOSED_TOL = {"output_throughput": 0.05, "median_tpot_ms": 0.05, "median_ttft_ms": 0.30}
+CLOSED_TOL = {"output_throughput": 0.10, "median_tpot_ms": 0.10, "median_ttft_ms": 0.30}
 OPEN_TOL = {"request_throughput": 0.40, "median_tpot_ms": 0.10}
 
 

@@ -32,6 +32,7 @@ one word per token.  A chat request's prompt is its messages laid out as
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -472,6 +473,17 @@ def emulator_key():
     return web.AppKey("dynspec_emulator", Emulator)
 
 
+def _openai_usage(prompt_tokens: int, n: int) -> str:
+    """The OpenAI `usage` object as SGLang writes it, for n generated tokens."""
+    return ('{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
+            '"reasoning_tokens":0}' % (prompt_tokens, prompt_tokens + n, n))
+
+
+def _usage_options(opts) -> tuple[bool, bool]:
+    """(usage in every chunk, usage in a final chunk) from a request's stream_options."""
+    return bool(opts and opts.continuous_usage_stats), bool(opts and opts.include_usage)
+
+
 def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host: str = "127.0.0.1",
              port: int = 30000, model_name: str | None = None, context_length: int = 131072,
              max_running_requests: int | None = None):
@@ -591,6 +603,21 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
                 pass
         return True
 
+    def start(rid: str, input_len: int, output_len: int) -> _Stream:
+        """A new request's stream, submitted to the engine."""
+        emu.text.grow(output_len)
+        stream = _Stream(rid, input_len)
+        emu.submit(stream, input_len, output_len)
+        return stream
+
+    async def whole(request, stream: _Stream, output_len: int):
+        """A non-streamed OpenAI request to its end: (tokens, None), or (0, the error response)."""
+        if not await wait_done(request, stream):
+            return 0, web.Response(status=499)
+        if stream.visible < output_len:
+            return 0, _error(500, "the emulator engine failed", openai=True)
+        return stream.visible, None
+
     def meta(stream: _Stream, n: int, finished: bool) -> str:
         fr = '{"type":"length","length":%d}' % n if finished else "null"
         return ('{"id":%s,"finish_reason":%s,"prompt_tokens":%d,"weight_version":"default",'
@@ -667,33 +694,21 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
             check_lengths(input_len, output_len)
         except BadRequest as exc:
             return _error(exc.status, str(exc), openai=True)
-        text = emu.text
-        text.grow(output_len)
-        stream = _Stream(uuid.uuid4().hex, input_len)
-        emu.submit(stream, input_len, output_len)
-        created = int(time.time())
-        model = body.model or emu.model_name
-        p = input_len
-
-        def usage(n: int) -> str:
-            return ('{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
-                    '"reasoning_tokens":0}' % (p, p + n, n))
+        text, stream = emu.text, start(uuid.uuid4().hex, input_len, output_len)
+        created, model = int(time.time()), body.model or emu.model_name
+        usage = functools.partial(_openai_usage, input_len)
 
         if not body.stream:
-            if not await wait_done(request, stream):
-                return web.Response(status=499)
-            n = stream.visible
-            if n < output_len:
-                return _error(500, "the emulator engine failed", openai=True)
+            n, failed = await whole(request, stream, output_len)
+            if failed is not None:
+                return failed
             return web.json_response({
                 "id": stream.rid, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": 0, "text": text.text_of(0, n), "logprobs": None, "finish_reason": "length",
                              "matched_stop": None}],
                 "usage": json.loads(usage(n)), "metadata": None})
 
-        opts = body.stream_options
-        per_chunk = bool(opts and opts.continuous_usage_stats)
-        final_usage = bool(opts and opts.include_usage)
+        per_chunk, final_usage = _usage_options(body.stream_options)
         head = ('data: {"id":%s,"object":"text_completion","created":%d,"model":%s,'
                 % (json.dumps(stream.rid), created, json.dumps(model)))
 
@@ -720,24 +735,14 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
             check_lengths(input_len, output_len)
         except BadRequest as exc:
             return _error(exc.status, str(exc), openai=True)
-        text = emu.text
-        text.grow(output_len)
-        stream = _Stream("chatcmpl-" + uuid.uuid4().hex, input_len)
-        emu.submit(stream, input_len, output_len)
-        created = int(time.time())
-        model = body.model or emu.model_name
-        p = input_len
-
-        def usage(n: int) -> str:
-            return ('{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
-                    '"reasoning_tokens":0}' % (p, p + n, n))
+        text, stream = emu.text, start("chatcmpl-" + uuid.uuid4().hex, input_len, output_len)
+        created, model = int(time.time()), body.model or emu.model_name
+        usage = functools.partial(_openai_usage, input_len)
 
         if not body.stream:
-            if not await wait_done(request, stream):
-                return web.Response(status=499)
-            n = stream.visible
-            if n < output_len:
-                return _error(500, "the emulator engine failed", openai=True)
+            n, failed = await whole(request, stream, output_len)
+            if failed is not None:
+                return failed
             return web.json_response({
                 "id": stream.rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text.text_of(0, n),
@@ -745,9 +750,7 @@ def make_app(profile, arm: str, *, time_scale: float = 1.0, seed: int = 0, host:
                              "logprobs": None, "finish_reason": "length", "matched_stop": None}],
                 "usage": json.loads(usage(n)), "metadata": None})
 
-        opts = body.stream_options
-        per_chunk = bool(opts and opts.continuous_usage_stats)
-        final_usage = bool(opts and opts.include_usage)
+        per_chunk, final_usage = _usage_options(body.stream_options)
         head = ('data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,'
                 % (json.dumps(stream.rid), created, json.dumps(model)))
         # As SGLang: the first chunk carries the role (and no content), then content deltas.
