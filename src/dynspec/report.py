@@ -23,6 +23,7 @@ import pandas as pd
 import yaml
 
 from dynspec.paths import REPO_ROOT
+from dynspec.roles import arms_by_role
 from dynspec.results import DEFAULT_PERCENTILES, LATENCIES, METRIC_COLUMNS, closed_loop, open_loop, \
     percentile_label, read_table, wall_clock_problem
 
@@ -162,11 +163,8 @@ def static_arms(levels: pd.DataFrame) -> tuple[list[str], list[str]]:
     declines); a config may hold several always-speculating arms (EAGLE-3 on the v1 and
     the v2 worker, say).
     """
-    pol = levels["policy"].astype(str) if "policy" in levels else pd.Series("", index=levels.index)
-    arms = set(levels["arm"])
-    plain = sorted(set(levels.loc[pol.isin(["none", "never"]), "arm"])) or sorted(arms & {"baseline"})
-    spec = sorted(set(levels.loc[pol == "always", "arm"])) or sorted(arms & {"eagle3"})
-    return plain, spec
+    by_role = arms_by_role(levels)
+    return ([a for a, r in by_role.items() if r == "plain"], [a for a, r in by_role.items() if r == "spec"])
 
 
 def roles(levels: pd.DataFrame) -> tuple[str | None, str | None]:

@@ -29,12 +29,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dynspec.atomic import write_text
+from dynspec.roles import arms_by_role
 
 TARGETS = ("sglang-adaptive", "vllm", "trtllm", "threshold")
 OBJECTIVES = ("mean-ratio", "min-ratio", "total")
-# Arm-name and policy-column values that mark the two arms when --baseline-arm / --spec-arm are not given.
-BASELINE_MARKS = ("baseline", "none", "never", "plain", "nospec")
-SPEC_MARKS = ("eagle3", "eagle-3", "eagle", "always", "spec")
 METRIC = "output_throughput"
 
 
@@ -99,17 +97,14 @@ def _usable(row) -> str | None:
     return None
 
 
-def _pick_arm(df, given: str | None, marks: tuple[str, ...], role: str, flag: str) -> str:
+def _pick_arm(df, given: str | None, want: str, role: str, flag: str) -> str:
+    """The arm given, else the one arm of the wanted role (dynspec.roles: by policy, else by name)."""
     arms = sorted(str(a) for a in df["arm"].unique())
     if given is not None:
         if given not in arms:
             raise TuneError(f"{flag} {given!r}: no such arm in the results (arms: {', '.join(arms) or 'none'})")
         return given
-    found = []
-    for arm in arms:
-        policies = {str(p).strip().lower() for p in df.loc[df["arm"] == arm, "policy"]}
-        if arm.lower() in marks or policies & set(marks):
-            found.append(arm)
+    found = [arm for arm, r in arms_by_role(df).items() if r == want]
     if not found:
         raise TuneError(f"the results have no {role} arm (arms: {', '.join(arms) or 'none'}); "
                         f"tune needs both a no-speculation and an always-speculate arm; name it with {flag}")
@@ -140,8 +135,8 @@ def load_levels(cfg: TuneConfig):
             raise TuneError(f"--run-id {cfg.run_id!r}: no rows with that run_id in {cfg.results}")
     if df.empty:
         raise TuneError(f"{cfg.results}: no result rows")
-    base = _pick_arm(df, cfg.baseline_arm, BASELINE_MARKS, "no-speculation", "--baseline-arm")
-    spec = _pick_arm(df, cfg.spec_arm, SPEC_MARKS, "always-speculate", "--spec-arm")
+    base = _pick_arm(df, cfg.baseline_arm, "plain", "no-speculation", "--baseline-arm")
+    spec = _pick_arm(df, cfg.spec_arm, "spec", "always-speculate", "--spec-arm")
     if base == spec:
         raise TuneError(f"the no-speculation and always-speculate arms are the same arm ({base!r})")
     rows = df[df["arm"].isin([base, spec])]
