@@ -545,12 +545,12 @@ def _report_main(args) -> int:
         pc = resolve_report(args.run_dir, reports_dir=args.reports_dir, overwrite=args.overwrite,
                             compare_runs=args.compare, reference=None if args.no_reference else "default")
         run_pipeline(pc, notebooks=("03_report",), command="report", argv=argv_of(args))
+    except NotebookFailed as exc:  # before PipelineError, which it is
+        print(f"dynspec report: {exc}", file=sys.stderr)
+        return 1
     except PipelineError as exc:
         print(f"dynspec report: {exc}", file=sys.stderr)
         return 2
-    except NotebookFailed as exc:
-        print(f"dynspec report: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 
