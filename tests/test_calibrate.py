@@ -280,7 +280,8 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
     kinds = [*cal.STEP_KINDS, "forward_q2", "forward_q4", "forward_q8"]
     assert all(sorted(points[bs]) == sorted(kinds) and len(points[bs][k]["ms"]) == 3 for bs in points for k in kinds)
     assert [(int(n), v["prompts"]) for n, v in raw["prefill"].items()] == [(16, 1), (32, 2), (64, 4)]
-    assert sorted(x.name for x in out.parent.iterdir()) == ["tiny-cpu.raw.json", "tiny-cpu.yaml"]  # no temp files
+    assert sorted(x.name for x in out.parent.iterdir()) == [  # no temp files
+        "tiny-cpu.raw.json", "tiny-cpu.yaml", "tiny-cpu.yaml.provenance.json"]
     printed = capsys.readouterr().out
     assert "spec/plain" in printed and "catchup" in printed and "ext-eager" in printed and "(validated)" in printed
 

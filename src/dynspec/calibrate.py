@@ -281,8 +281,10 @@ def _time_point(cfg: CalibrateConfig, steps: StepSet, device, graphs: bool, bar)
     return row
 
 
-def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m: None) -> dict:
-    """Time every step piece at every (context, batch size), and a prefill; return the raw timings."""
+def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m: None,
+                    command: str | None = None) -> dict:
+    """Time every step piece at every (context, batch size), and a prefill; return the raw timings.
+    command: the command line invoked (default: one rebuilt from cfg, every setting explicit)."""
     from tqdm import tqdm
 
     from dynspec.random_model import DraftHead, StepSet, TargetModel, check_attention
@@ -297,7 +299,7 @@ def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m:
     t_start = time.perf_counter()
     raw: dict = {"config": {**asdict(cfg), "out": str(cfg.out), "raw_out": str(cfg.raw_path),
                             "dims": asdict(dims)},
-                 "command": cfg.command(), "environment": _environment(device),
+                 "command": command or cfg.command(), "environment": _environment(device),
                  "steps": {}, "skipped": {}, "prefill": {}}
     with torch.inference_mode():
         target = TargetModel(dims, dtype, device, max(_max_len(cfg, cfg.contexts[-1]), cfg.input_len), seed=cfg.seed)
@@ -475,7 +477,7 @@ def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
         "acceptance": {"accept_length": cfg.accept_length, "concentration": cfg.concentration},
         "steps": [table(ctx) for ctx in raw["steps"]],
         "prefill": {"fixed_ms": round(fixed, 4), "per_token_ms": round(per_token, 6), "chunk_tokens": CHUNK_TOKENS},
-        "provenance": {"kind": "measured", "source": source, "command": cfg.command(), "date": date or None,
+        "provenance": {"kind": "measured", "source": source, "command": raw["command"], "date": date or None,
                        "assumptions": assumptions},
     }
 
@@ -560,18 +562,23 @@ def config_from_args(args) -> CalibrateConfig:
 
 
 def _run(args) -> int:
+    from dynspec import provenance
+
     prog = "dynspec calibrate"
+    argv = provenance.argv_of(args)
     try:
         cfg = config_from_args(args)
         if cfg.device.startswith("cuda") and not _torch().cuda.is_available():
             raise CalibrateError("no CUDA device: torch.cuda.is_available() is False (use --device cpu)")
-        raw = run_calibration(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        raw = run_calibration(cfg, log=lambda m: print(m, file=sys.stderr, flush=True),
+                              command=shlex.join(argv) if argv else None)
         raw["date"] = time.strftime("%Y-%m-%d")
         profile = build_profile(cfg, raw)
         loaded = write_outputs(cfg, raw, profile)
     except CalibrateError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    provenance.write(provenance.beside(cfg.out), "calibrate", cfg, argv=argv, outputs=[cfg.out, cfg.raw_path])
     print(format_table(profile))
     print(f"prefill: {profile['prefill']['fixed_ms']:.3f} ms + {profile['prefill']['per_token_ms']:.5f} ms/token")
     print("\n".join(crossover_lines(loaded)))

@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).add_cli(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = ["dynspec", *argv]  # what a command's provenance record says was invoked
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError, RecursionError, MemoryError) as exc:

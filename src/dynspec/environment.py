@@ -66,6 +66,25 @@ def gpu_info() -> dict:
     }
 
 
+def gpu_names(timeout: float = 5.0) -> list[str] | None:
+    """The GPUs' names from one short nvidia-smi query: [] without nvidia-smi, None when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    out = _run([smi, "--query-gpu=name", "--format=csv,noheader"], timeout=timeout)
+    return None if out is None else [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def machine() -> dict:
+    """This host in a few cheap facts: no subprocess, no import of torch."""
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+    }
+
+
 def torch_cuda() -> dict:
     """torch's CUDA build, asked in a subprocess (importing torch here would cost seconds and memory)."""
     if package_versions(["torch"])["torch"] is None:
@@ -120,10 +139,7 @@ def sglang_check_env(python: str | None = None, timeout: float = 120.0) -> str:
 def collect_environment(*, probe_torch: bool = True, check_env: bool = False) -> dict:
     """A JSON-ready description of this machine and its serving stack."""
     return {
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
+        **machine(),
         "gpu": gpu_info(),
         "nvcc": nvcc_version(),
         "packages": package_versions(),

@@ -259,48 +259,50 @@ def profile_yaml(profile: Profile, table: list[dict]) -> str:
     return dump_profile(profile.model_dump(mode="json", exclude_none=True), head)
 
 
-def _spec_and_command(args) -> tuple[FitSpec, str]:
+def _spec(args) -> FitSpec:
     if bool(args.spec) == bool(args.from_run):
         raise FitError("give a fit spec or --from-run RUN_DIR, not both and not neither")
     if args.spec:
-        return load_fit_spec(args.spec), f"dynspec fit {args.spec} --out {args.out}"
-    import shlex
-
+        return load_fit_spec(args.spec)
     from pydantic import ValidationError
 
     from dynspec.run_fit import spec_from_run
 
     try:
-        spec = spec_from_run(args.from_run, baseline_arm=args.baseline_arm, eagle3_arm=args.eagle3_arm,
+        return spec_from_run(args.from_run, baseline_arm=args.baseline_arm, eagle3_arm=args.eagle3_arm,
                              name=args.name, catch_up_fraction=args.catch_up_fraction,
                              accept_length=args.accept_length)
     except ValidationError as exc:
         raise FitError(validation_message(f"fit spec from {args.from_run}", exc)) from None
-    parts = ["dynspec", "fit", "--from-run", str(args.from_run), "--baseline-arm", args.baseline_arm,
-             "--eagle3-arm", args.eagle3_arm, "--name", spec.name, "--catch-up-fraction", f"{args.catch_up_fraction:g}"]
-    if args.accept_length is not None:
-        parts += ["--accept-length", f"{args.accept_length:g}"]
-    return spec, shlex.join(parts + ["--out", str(args.out)])
 
 
 def _run(args) -> int:
+    import shlex
+
+    from dynspec import provenance
+
     prog = "dynspec fit"
+    argv = provenance.argv_of(args)
     try:
         out = Path(args.out)
         if out.suffix not in (".yaml", ".yml"):
             raise FitError(f"{out}: a profile is written as .yaml")
-        spec, command = _spec_and_command(args)
-        profile, table = fit(spec, command=command, log=(lambda m: print(m, file=sys.stderr)) if args.verbose else None)
+        spec = _spec(args)
+        profile, table = fit(spec, command=shlex.join(argv) if argv else None,
+                             log=(lambda m: print(m, file=sys.stderr)) if args.verbose else None)
     except FitError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(format_table(table))
+    written = []
     if args.from_run:  # the spec built from the run, beside the profile: what was fitted, and rerunnable
         spec_out = write_text(out.with_name(out.stem + ".fit.yaml"),
                               yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False,
                                              width=100))
+        written.append(spec_out)
         print(f"wrote {spec_out} (the fit spec; `dynspec fit {spec_out} --out {out}` refits it)")
-    write_text(out, profile_yaml(profile, table))
+    written.insert(0, write_text(out, profile_yaml(profile, table)))
+    provenance.write(provenance.beside(out), "fit", spec, argv=argv, profile=spec.catch_up_from, outputs=written)
     print(f"wrote {out} (worst error {100 * max(abs(r['error']) for r in table):.2f}%)")
     return 0
 

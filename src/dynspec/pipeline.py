@@ -4,6 +4,7 @@
       index.html                 a row per run: date, config, hardware, backend, headline figures
       <run-id>/
         pipeline.yaml            the resolved pipeline settings of this report
+        provenance.json          argv, settings, dynspec version, git commit, machine (docs/PROVENANCE.md)
         00_environment.ipynb     the executed notebooks (kept, also when one fails)
         01_patch.ipynb
         02_sweep.ipynb           writes data/runs/<run-id>/
@@ -392,9 +393,9 @@ profile, not measured; each report says so at the top.</p>
 _PATHS = ("config", "runs_dir", "reports_dir", "notebooks_dir", "reference")
 
 
-def save_settings(pc: PipelineConfig) -> Path:
-    """pipeline.yaml beside the report, its paths relative to the report's folder: a published
-    report carries no trace of this machine's layout and still says where everything was."""
+def settings_data(pc: PipelineConfig) -> dict:
+    """The settings as data, paths relative to the report's folder: a published report carries no
+    trace of this machine's layout and still says where everything was."""
     data = pc.model_dump(mode="json")
 
     def rel(p: str) -> str:
@@ -402,25 +403,46 @@ def save_settings(pc: PipelineConfig) -> Path:
 
     data.update({k: rel(data[k]) for k in _PATHS if data[k] is not None})
     data["compare_runs"] = [rel(p) for p in data["compare_runs"]]
-    out = pc.report_dir / "pipeline.yaml"
-    write_text(out, yaml.safe_dump(data, sort_keys=False))
-    return out
+    return data
 
 
-def load_settings(path: str | Path) -> PipelineConfig:
-    """A saved pipeline.yaml, its relative paths resolved against its folder."""
-    path = Path(path)
-    data = yaml.safe_load(path.read_text())
+def settings_from_data(data: dict, report_dir: str | Path) -> PipelineConfig:
+    """settings_data's inverse: its relative paths resolved against the report's folder."""
+    data = dict(data)
 
     def at(p: str) -> Path:
-        return _abs(path.parent / p)
+        return _abs(Path(report_dir) / p)
 
     data.update({k: at(data[k]) for k in _PATHS if data.get(k) is not None})
     data["compare_runs"] = [at(p) for p in data.get("compare_runs", [])]
     return PipelineConfig.model_validate(data)
 
 
-def _prepare_dirs(pc: PipelineConfig) -> None:
+def save_settings(pc: PipelineConfig) -> Path:
+    """pipeline.yaml beside the report (settings_data)."""
+    out = pc.report_dir / "pipeline.yaml"
+    write_text(out, yaml.safe_dump(settings_data(pc), sort_keys=False))
+    return out
+
+
+def load_settings(path: str | Path) -> PipelineConfig:
+    """A saved pipeline.yaml, its relative paths resolved against its folder."""
+    path = Path(path)
+    return settings_from_data(yaml.safe_load(path.read_text()), path.parent)
+
+
+def save_provenance(pc: PipelineConfig, command: str, argv: list[str] | None) -> Path:
+    """provenance.json beside the report: its config is pipeline.yaml's settings (paths relative to
+    the report's folder), its profile the one a sim or emulate sweep models."""
+    from dynspec import provenance
+    from dynspec.config import load_config
+
+    profile = None if pc.backend == "live" else load_config(pc.config).profile
+    return provenance.write(provenance.in_folder(pc.report_dir), command, settings_data(pc), argv=argv,
+                            profile=profile)
+
+
+def _prepare_dirs(pc: PipelineConfig, command: str, argv: list[str] | None) -> None:
     if pc.overwrite:
         for d in (pc.run_dir, pc.report_dir):
             if d.exists():
@@ -431,11 +453,14 @@ def _prepare_dirs(pc: PipelineConfig) -> None:
     (pc.report_dir / "report.html").unlink(missing_ok=True)
     (pc.report_dir / "summary.json").unlink(missing_ok=True)
     save_settings(pc)
+    save_provenance(pc, command, argv)
 
 
 def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
-                 notebooks: tuple[str, ...] = NOTEBOOKS) -> Path:
-    """Run every stage, printing each one's time; return the report's path."""
+                 notebooks: tuple[str, ...] = NOTEBOOKS, command: str = "pipeline",
+                 argv: list[str] | None = None) -> Path:
+    """Run every stage, printing each one's time; return the report's path.  command and argv:
+    what the report folder's provenance record says was invoked."""
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
 
@@ -447,7 +472,7 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
         return result
 
     stage("kernel", lambda: ensure_kernel(pc.kernel))
-    _prepare_dirs(pc)
+    _prepare_dirs(pc, command, argv)
     echo(f"[pipeline] run folder: {pc.run_dir} (its sweep.log says what happened)")
     for name in notebooks:
         if name == "02_sweep":
@@ -514,22 +539,25 @@ def resolve_report(run_dir: str | Path, *, reports_dir: str | Path = "reports", 
 
 
 def _report_main(args) -> int:
+    from dynspec.provenance import argv_of
+
     try:
         pc = resolve_report(args.run_dir, reports_dir=args.reports_dir, overwrite=args.overwrite,
                             compare_runs=args.compare, reference=None if args.no_reference else "default")
-        run_pipeline(pc, notebooks=("03_report",))
+        run_pipeline(pc, notebooks=("03_report",), command="report", argv=argv_of(args))
+    except NotebookFailed as exc:  # before PipelineError, which it is
+        print(f"dynspec report: {exc}", file=sys.stderr)
+        return 1
     except PipelineError as exc:
         print(f"dynspec report: {exc}", file=sys.stderr)
         return 2
-    except NotebookFailed as exc:
-        print(f"dynspec report: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 
 # CLI ----------------------------------------------------------------------------------
 
 def _main(args) -> int:
+    from dynspec.provenance import argv_of
     from dynspec.report import ReportError
 
     prog = "dynspec pipeline"
@@ -544,7 +572,7 @@ def _main(args) -> int:
                      compare_runs=args.compare, kernel=args.kernel, cell_timeout_s=args.cell_timeout,
                      apply_patch=args.apply_patch, patch_dry_run=not args.patch_for_real,
                      sglang_path=args.sglang_path)
-        run_pipeline(pc, log_output=args.verbose)
+        run_pipeline(pc, log_output=args.verbose, argv=argv_of(args))
     except NotebookFailed as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         print(exc.details(), file=sys.stderr)

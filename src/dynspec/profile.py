@@ -263,13 +263,33 @@ def parse_profile(data: object, src: str = "<profile>") -> Profile:
     return parse_model(Profile, data, src, ProfileError, "profile")
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """Load a shipped profile by name, or a YAML file by path."""
+def _is_path(name_or_path: str | Path) -> bool:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return parse_profile(read_yaml(path, ProfileError, "profile"), str(path))
-    res = resources.files("dynspec") / "profiles" / f"{name_or_path}.yaml"
+    return path.suffix in (".yaml", ".yml") or path.exists()
+
+
+def _shipped(name: str | Path):
+    res = resources.files("dynspec") / "profiles" / f"{name}.yaml"
     if not res.is_file():
         known = ", ".join(shipped_profiles()) or "none"
-        raise ProfileError(f"{name_or_path}: no such profile (shipped: {known}; or give a path to a .yaml file)")
+        raise ProfileError(f"{name}: no such profile (shipped: {known}; or give a path to a .yaml file)")
+    return res
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a shipped profile by name, or a YAML file by path."""
+    if _is_path(name_or_path):
+        path = Path(name_or_path)
+        return parse_profile(read_yaml(path, ProfileError, "profile"), str(path))
+    res = _shipped(name_or_path)
     return parse_profile(loads_yaml(res.read_text(), f"profile {name_or_path}", ProfileError), f"profile {name_or_path}")
+
+
+def profile_bytes(name_or_path: str | Path) -> bytes:
+    """The bytes load_profile reads for this name or path (what a provenance record hashes)."""
+    if _is_path(name_or_path):
+        try:
+            return Path(name_or_path).read_bytes()
+        except OSError as exc:
+            raise ProfileError(f"{name_or_path}: cannot read ({exc.strerror or exc})") from None
+    return _shipped(name_or_path).read_bytes()

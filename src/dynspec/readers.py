@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.jsonl import read_json, read_jsonl, read_text
@@ -217,20 +218,41 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class ImportConfig:
+    """What `dynspec import-results` was asked (its provenance record's config)."""
+
+    files: tuple[Path, ...]
+    out: Path
+    arm: str | None = None
+    run_id: str | None = None
+    profile: str = ""
+
+    @classmethod
+    def from_args(cls, args) -> "ImportConfig":
+        return cls(files=tuple(Path(f) for f in args.files), out=Path(args.out), arm=args.arm, run_id=args.run_id,
+                   profile=args.profile)
+
+
 def _import(args) -> int:
     from dynspec.results import write_table
 
+    cfg = ImportConfig.from_args(args)
     rows = []
     try:
-        for f in args.files:
-            rows += read_external(f, arm=args.arm, run_id=args.run_id, profile=args.profile)
-        write_table(merge_repeats(rows), args.out)
+        for f in cfg.files:
+            rows += read_external(f, arm=cfg.arm, run_id=cfg.run_id, profile=cfg.profile)
+        write_table(merge_repeats(rows), cfg.out)
     except (ReaderError, ValueError, OSError) as exc:
         from dynspec.cli import one_line
 
         print(f"dynspec import-results: {one_line(exc)}", file=sys.stderr)
         return 2
-    print(f"{len(rows)} rows -> {args.out}")
+    from dynspec import provenance
+
+    provenance.write(provenance.beside(cfg.out), "import-results", cfg, argv=provenance.argv_of(args),
+                     outputs=[cfg.out])
+    print(f"{len(rows)} rows -> {cfg.out}")
     return 0
 
 

@@ -221,8 +221,11 @@ def _run(args) -> int:
     except (ValueError, ProfileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    from dynspec import provenance
+
     write_json(config_path(cfg.out), {"command": "sim", "config": cfg.model_dump(),
                                              "profile": profile.model_dump()})
+    provenance.write(provenance.beside(cfg.out), "sim", cfg, argv=provenance.argv_of(args), profile=cfg.profile)
     rows: list[dict] = []
 
     def save(row: dict) -> None:  # the whole table, atomically, after every level

@@ -4,6 +4,7 @@
       config.yaml        the resolved config (every default filled in)
       run.json           run id, backend, profile, hardware, sessions, servers, status
       environment.json   GPUs, driver, CUDA, torch/sglang/flashinfer versions
+      provenance.json    argv, config, dynspec version, git commit, profile hash (docs/PROVENANCE.md)
       results.csv        one row per (arm, level, repeat), appended + fsynced as each level ends
       requests/<arm>_c<C>_r<R>.jsonl   per-request records of that level
       scrapes/<arm>_c<C>_r<R>.json     /get_server_info and /metrics before and after it
@@ -162,6 +163,16 @@ def _prepare(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
     return run, writer, done
 
 
+def _write_provenance(run: _Run, cfg: SweepConfig, argv: list[str] | None) -> Path:
+    """provenance.json for the session that made the run, provenance.sessionN.json for the N-th (a
+    --resume): each session may run other code on another machine, and its record is never rewritten."""
+    from dynspec import provenance
+
+    n = len(run.info["sessions"])
+    path = provenance.in_folder(run.dir) if n == 1 else run.dir / f"provenance.session{n}.json"
+    return provenance.write(path, "sweep", cfg, argv=argv, profile=cfg.profile if cfg.backend != "live" else None)
+
+
 def _refuse_links(run_dir: Path) -> None:
     """Every write goes into the run folder: a symbolic link in it (or it being one) would send
     a write elsewhere, so the sweep refuses to start."""
@@ -243,8 +254,10 @@ def _expected_policy(cfg: SweepConfig, arm, backend: str) -> str:
 
 
 def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | None = None, resume: bool = False,
-              runs_dir: str | Path = "data/runs", progress: bool = True, config_path=None) -> RunResult:
-    """Measure every (arm, level, repeat) not yet measured; return where and whether anything failed."""
+              runs_dir: str | Path = "data/runs", progress: bool = True, config_path=None,
+              argv: list[str] | None = None) -> RunResult:
+    """Measure every (arm, level, repeat) not yet measured; return where and whether anything failed.
+    argv: the command line invoked, for the provenance record (None: called as a library)."""
     backend = backend or cfg.backend
     if backend not in ("live", "sim", "emulate"):
         raise SweepError(f"unknown backend {backend!r} (live, sim, emulate)")
@@ -276,6 +289,7 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
     if env_path.exists():  # a resumed run keeps the first session's machine and adds this one's
         env_path = run.dir / f"environment.session{len(run.info['sessions'])}.json"
     write_json(env_path, collect_environment(probe_torch=backend == "live", check_env=backend == "live"))
+    _write_provenance(run, cfg.model_copy(update={"backend": backend}), argv)
     handlers = _attach_log(run.dir, progress)
     old_term = None
     if threading.current_thread() is threading.main_thread():
@@ -583,12 +597,14 @@ def _fmt(x) -> str:
 def _main(args) -> int:
     from dynspec.config import load_config
     from dynspec.profile import ProfileError
+    from dynspec.provenance import argv_of
 
     prog = "dynspec sweep"
     try:
         cfg = load_config(args.config)
         result = run_sweep(cfg, backend=args.backend, run_id=args.run_id, resume=args.resume,
-                           runs_dir=args.runs_dir, progress=not args.no_progress, config_path=args.config)
+                           runs_dir=args.runs_dir, progress=not args.no_progress, config_path=args.config,
+                           argv=argv_of(args))
     except (ConfigError, SweepError, ProfileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -268,13 +268,14 @@ def dynspec_threshold(cutoff: int) -> dict:
 # --- the whole report ------------------------------------------------------------------------
 
 def _find_profile(name: str, results: Path, notes: list[str]):
-    """The profile the rows name: shipped, or the one the sweep's saved config.yaml points at."""
+    """The profile the rows name and where it was found (a shipped name, or the path the sweep's saved
+    config.yaml points at); (None, None) when neither holds it."""
     import yaml
 
     from dynspec.profile import ProfileError, load_profile
 
     try:
-        return load_profile(name)
+        return load_profile(name), name
     except ProfileError as exc:
         first = str(exc)
     saved = results.parent / "config.yaml"  # a sweep saves its resolved config beside results.csv
@@ -284,26 +285,27 @@ def _find_profile(name: str, results: Path, notes: list[str]):
     except (ProfileError, yaml.YAMLError, OSError, AttributeError):
         prof = None
     if prof is not None and prof.name == name:
-        return prof
+        return prof, path
     notes.append(f"num_steps unknown: {first}")
-    return None
+    return None, None
 
 
-def _num_steps(cfg: TuneConfig, profiles: list[str], notes: list[str]) -> int | None:
+def _num_steps(cfg: TuneConfig, profiles: list[str], notes: list[str]) -> tuple[int | None, str | None]:
+    """The spec arm's speculative_num_steps, and the profile (name or path) it came from."""
     if cfg.num_steps is not None:
-        return cfg.num_steps
+        return cfg.num_steps, None
     if len(profiles) != 1:
         if profiles:
             notes.append(f"the rows name several profiles ({', '.join(profiles)}): num_steps not taken from any")
-        return None
-    prof = _find_profile(profiles[0], cfg.results, notes)
+        return None, None
+    prof, source = _find_profile(profiles[0], cfg.results, notes)
     if prof is None:
-        return None
+        return None, None
     if prof.speculative.topk != 1:
         notes.append(f"profile {profiles[0]} speculates with topk={prof.speculative.topk} "
                      f"({prof.speculative.num_draft_tokens}-token tree); SGLang's adaptive mode needs topk=1 "
                      "(a chain), which this sweep did not measure: the modelled throughput is the tree's")
-    return prof.speculative.num_steps
+    return prof.speculative.num_steps, source
 
 
 def tune(cfg: TuneConfig) -> dict:
@@ -326,7 +328,7 @@ def tune(cfg: TuneConfig) -> dict:
                 notes.append(f"C={lv.concurrency}: the arms' repeats overlap; the on/off choice there is within noise")
     cutoff = choose_cutoff(complete, cfg.objective)
     got = modelled(complete, cutoff)
-    k = _num_steps(cfg, context["profiles"], notes)
+    k, k_profile = _num_steps(cfg, context["profiles"], notes)
     top = complete[-1].concurrency
     per_level = []
     for lv, g in zip(complete, got):
@@ -349,6 +351,7 @@ def tune(cfg: TuneConfig) -> dict:
         "backend": context["backend"],
         "arms": {"baseline": base, "spec": spec},
         "num_steps": k,
+        "num_steps_profile": k_profile,  # the profile (shipped name or path) num_steps was read from
         "objective": cfg.objective,
         "cutoff": cutoff,
         "cutoff_range": crossover(complete, cutoff),
@@ -403,9 +406,12 @@ def render(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rep: dict, cfg: TuneConfig, out: Path) -> list[Path]:
-    """tune.json, the resolved config beside it, and SGLang's adaptive config ready to pass to the server."""
+def write_outputs(rep: dict, cfg: TuneConfig, out: Path, argv: list[str] | None = None) -> list[Path]:
+    """tune.json, the resolved config beside it, SGLang's adaptive config ready to pass to the server,
+    and the provenance record of them all."""
     import yaml
+
+    from dynspec import provenance
 
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "tune.json", out / "tune_config.yaml"]
@@ -415,6 +421,8 @@ def write_outputs(rep: dict, cfg: TuneConfig, out: Path) -> list[Path]:
     if sg and sg["config"] is not None:
         written.append(out / "sglang_adaptive_config.json")
         write_text(written[-1], json.dumps(sg["config"], indent=2) + "\n")
+    written.append(provenance.write(provenance.in_folder(out), "tune", cfg, argv=argv,
+                                    profile=rep["num_steps_profile"], outputs=written))
     return written
 
 
@@ -439,7 +447,9 @@ def _run(args) -> int:
         print(f"dynspec tune: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.out:
-        for p in write_outputs(rep, cfg, Path(args.out)):
+        from dynspec.provenance import argv_of
+
+        for p in write_outputs(rep, cfg, Path(args.out), argv=argv_of(args)):
             print(f"wrote {p}", file=sys.stderr)
     print(json.dumps(rep, indent=2) if args.json else render(rep))
     return 0
