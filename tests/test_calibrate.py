@@ -253,8 +253,10 @@ def test_cli_writes_a_valid_measured_profile(tmp_path, capsys):
         times = getattr(table, key)
         assert len(times) == 3 and all(t > 0 for t in times), key
     # a switching server's plain step now pays the KV-only catch-up, and a switch the resume
-    assert p.catch_up_time(2) == pytest.approx(table.catchup_ms[1] / 1000)
-    assert p.resume_time(4) == pytest.approx(table.resume_ms[2] / 1000)
+    # At a knot the lookup is the knot's time, floored at half of batch 1's (profile._interp): on a
+    # busy machine batch 1's median can come out over twice another's, and then the floor holds.
+    assert p.catch_up_time(2) == pytest.approx(max(table.catchup_ms[1], table.catchup_ms[0] / 2) / 1000)
+    assert p.resume_time(4) == pytest.approx(max(table.resume_ms[2], table.resume_ms[0] / 2) / 1000)
     assert any(a.startswith("catchup: ") and "no attention, MLP or LM head" in a for a in p.provenance.assumptions)
     assert table.spec_ms is None  # the speculative step is given in its parts
     assert sorted(table.forward_ms) == [1, 2, 4, 8] and table.forward_ms[1] == table.plain_ms
