@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: report publish test test-fast venv test-venv browser clean
+.PHONY: report publish test test-fast lint venv test-venv browser clean
 
 # What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
 $(VENV)/.installed: pyproject.toml
@@ -45,8 +45,12 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "make browser: chromium is missing and cannot be installed here (not root): install Debian's chromium (sudo apt-get install chromium) for tests/test_report_browser.py, which skips until then"
 
-test: test-venv browser
+test: test-venv browser lint
 	$(PY) -m pytest
+
+# ruff (configured in pyproject.toml): pyflakes, pycodestyle, bugbear.
+lint: test-venv
+	$(PY) -m ruff check src tests benchmarks scripts notebooks
 
 # The inner loop: everything but the tests that start real SGLang servers (about 6 minutes of them).
 test-fast: test-venv

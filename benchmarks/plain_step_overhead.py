@@ -85,7 +85,7 @@ def overhead_rows(table: dict) -> list[dict]:
     for i, bs in enumerate(table["batch_size"]):
         plain = table["plain_ms"][i]
 
-        def ratio(key):
+        def ratio(key, i=i, plain=plain):
             col = table.get(key)
             return None if col is None else (plain + col[i]) / plain
         resume = table.get("resume_ms")

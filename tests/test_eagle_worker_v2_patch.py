@@ -449,7 +449,7 @@ def test_switches_in_both_directions_keep_inputs_well_formed(sg, env):
     for i, mode in enumerate(modes):
         want += (resume if i and not modes[i - 1] else []) + spec if mode else ["target", "draft_kv"]
     assert trace.kinds() == want
-    for i, (mode, (inp, res)) in enumerate(zip(modes, runs)):
+    for i, (_mode, (inp, _res)) in enumerate(zip(modes, runs)):
         # The inputs of every step are what the previous step left, with the same shapes.
         assert inp.verified_id.shape == (3,) and inp.topk_p.shape == (3, 1)
         assert inp.topk_index.shape == (3, 1) and inp.hidden.shape == (3, H_DRAFT)
@@ -504,7 +504,7 @@ def test_output_processor_feeds_the_policy_from_cpu_accept_lengths(sg, env):
     runs = drive(sg, w, 2)
     scheduler = SimpleNamespace(draft_worker=w)
     outs = []
-    for inp, res in runs:
+    for _inp, res in runs:
         reqs = [SimpleNamespace(kv_committed_len=0, spec_verify_ct=0, spec_accepted_tokens=0,
                                 update_spec_acceptance_histogram=lambda n: None) for _ in range(3)]
         outs.append(sg.opm.SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids(

@@ -63,7 +63,7 @@ def test_overhead_measured_here_on_cpu(capsys):
     assert "timed here: tiny shapes, float32, cpu" in out and "context 24:" in out and "context 40:" in out
     rows = [line.split() for line in out.splitlines() if line[:5].strip() in ("1", "4")]
     assert len(rows) == 4
-    for bs, plain, old, old_eager, new, resume, *_ in rows:
+    for _bs, _plain, old, _old_eager, new, resume, *_ in rows:
         assert 1.0 < float(new) < float(old) and float(new) - 1 < float(resume)
 
 

@@ -94,7 +94,9 @@ def test_not_yaml_not_a_mapping_missing_file(tmp_path):
 
 def test_parse_profile_is_frozen():
     p = parse_profile(profile_dict())
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         p.name = "other"
 
 

@@ -39,7 +39,7 @@ def test_unimplemented_kernels_import_and_raise_naming_themselves(sgl_kernel):
 def chain_reference(seq_lens, n):
     """The chain's verify inputs spelled out request by request."""
     positions, mask = [], []
-    for b, s in enumerate(seq_lens):
+    for _b, s in enumerate(seq_lens):
         positions += [s + k for k in range(n)]
         for k in range(n):
             mask += [True] * s + [j <= k for j in range(n)]

@@ -474,7 +474,7 @@ def test_percentiles_goodput_rates_and_prompt_source_reach_the_report(tmp_path):
     pts = report.pareto_points(levels)
     best = pts.loc[pts["output_throughput"].idxmax()]
     assert best["pareto"]  # the highest throughput is never dominated
-    for i, a in pts.iterrows():  # a point on the front: nothing beats it on both axes
+    for _i, a in pts.iterrows():  # a point on the front: nothing beats it on both axes
         if a["pareto"]:
             assert not ((pts["per_user"] >= a["per_user"]) & (pts["output_throughput"] > a["output_throughput"])).any()
     report.pareto_figure(levels, 50, 60.0)

@@ -60,7 +60,7 @@ def test_vllm_schedule_matches_its_documented_rules(tmp_path):
     sched = run_tune(sweep(tmp_path / "r.csv", CROSS), num_steps=4, max_batch_size=256)["targets"]["vllm"]["config"]
     ranges = sched["num_speculative_tokens_per_batch_size"]
     assert ranges[0][0] == 1 and ranges[-1][1] == 256
-    for (s0, e0, _), (s1, _, _) in zip(ranges, ranges[1:]):
+    for (_s0, e0, _), (s1, _, _) in zip(ranges, ranges[1:]):
         assert s1 == e0 + 1
     dense = {b: k for s, e, k in ranges for b in range(s, e + 1)}
     assert all(dense[b] == 4 for b in range(1, 17)) and all(dense[b] == 0 for b in range(17, 257))
