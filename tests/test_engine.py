@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from dynspec.engine import Engine, expected_accept_length, solve_mean_rate
+from dynspec.acceptance import expected_accept_length, solve_mean_rate
+from dynspec.engine import Engine
 from dynspec.policy import Policy, StepRecord, build_policy
 from dynspec.profile import parse_profile
 

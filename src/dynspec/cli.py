@@ -14,7 +14,7 @@ COMMANDS = [
     "dynspec.policy_cli",
     "dynspec.tune",
     "dynspec.sim",
-    "dynspec.fit",
+    "dynspec.fit_cli",
     "dynspec.emulator",
     "dynspec.sweep",
     "dynspec.readers",

@@ -149,7 +149,7 @@ class Profile(_Strict):
                 f"acceptance.accept_length {self.acceptance.accept_length} exceeds "
                 f"1 + speculative.num_steps = {1 + self.speculative.num_steps}"
             )
-        from dynspec.engine import solve_mean_rate
+        from dynspec.acceptance import solve_mean_rate
 
         try:  # within 1 + num_steps, but requests as unlike as `concentration` says may not reach it
             solve_mean_rate(self.acceptance.accept_length, self.acceptance.concentration, self.speculative.num_steps)
