@@ -78,11 +78,25 @@ class FakeServer:
         await resp.write(b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n")
         return resp
 
+    async def chat(self, request: web.Request):
+        body = await request.json()
+        self.bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        # The role chunk carries no token (empty content); then one token per content chunk.
+        deltas = [{"role": "assistant", "content": ""}] + [{"content": "y"}] * body["max_tokens"]
+        for d in deltas:
+            await asyncio.sleep(GAP / 4)
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": d}]}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
 
 async def with_server(fake: FakeServer, fn):
     app = web.Application()
     app.router.add_post("/generate", fake.generate)
     app.router.add_post("/v1/completions", fake.completions)
+    app.router.add_post("/v1/chat/completions", fake.chat)
     runner = web.AppRunner(app, shutdown_timeout=0.2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -198,6 +212,31 @@ def test_openai_completions(mode, itl_count):
     body = fake.bodies[0]
     assert body["prompt"] == "hello there" and body["max_tokens"] == 5 and body["model"] == "m"
     assert body["stream_options"]["include_usage"] is True
+
+
+def test_chat_completions_count_content_chunks_not_the_role_chunk():
+    fake = FakeServer()
+    res = run(fake, [Prompt(4, text="hi")], 1, api="chat")
+    (r,) = res.requests
+    assert r.ok and r.output_tokens == 4 and len(r.itls) == 3 and r.ttft >= GAP / 2 * 0.9
+    assert fake.bodies[0]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_open_loop_sends_at_the_arrival_times_and_respects_the_cap():
+    fake = FakeServer()
+    prompts = random_prompts(6, 4, 3, seed=5)
+    arrivals = [0.0, 0.0, 0.0, 0.0, 0.3, 0.3]
+    res = run(fake, prompts, 2, arrivals=arrivals)
+    assert res.failed == 0 and len(res.requests) == 6 and fake.max_in_flight == 2
+    t0 = min(r.start for r in res.requests)
+    starts = [r.start - t0 for r in res.requests]
+    # Held back by the cap of 2: requests 2 and 3 start when 0 and 1 end (2 chunks, GAP apart).
+    assert starts[2] >= 1.8 * GAP and starts[3] >= 1.8 * GAP
+    assert all(s >= 0.3 - 0.01 for s in starts[4:])  # never before their arrival time
+
+    fake = FakeServer()
+    res = run(fake, prompts, 0, arrivals=[0.0] * 6)  # 0: no cap, every request at once
+    assert res.failed == 0 and fake.max_in_flight == 6
 
 
 def test_random_prompts_are_seeded_and_exact():
