@@ -10,8 +10,8 @@ offline: --dataset-name random-ids --tokenize-prompt, a small local tokenizer).
 
 --baseline-src DIR adds a third client, "dynspec@baseline": the generator of another
 source tree (DIR holds its dynspec package, e.g. `git archive COMMIT src | tar -x -C /tmp/old`
-then /tmp/old/src), run in a child process on the same CPU, so a change to the generator is
-measured before and after, side by side against the same emulator.
+then /tmp/old/src), so a change to the generator is measured before and after, side by side
+against the same emulator.  Both generators then run in child processes on the same CPU.
 
 Both clients run on CPU 0, the emulator on CPU 1 (when the machine has two).  On a
 small machine the emulator, not the client, may set the wall-clock pace, so the
@@ -64,16 +64,18 @@ def run_dynspec(url: str, args) -> dict:
             "output_throughput": summarize(res.requests)["output_throughput"]}
 
 
-def run_baseline(url: str, args) -> dict:
-    """run_dynspec in a child whose dynspec comes from args.baseline_src (it inherits the CPU pinning)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([args.baseline_src, os.environ.get("PYTHONPATH", "")])}
+def run_child(url: str, args, src: str, name: str) -> dict:
+    """run_dynspec in a child whose dynspec comes from `src` (it inherits the CPU pinning).  Both
+    generators run this way when a baseline is measured: an A/A run (the same tree on both sides)
+    measured the in-process client at 1.57x the CPU efficiency of the same code in a child."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, __file__, "--client-only", url, "--num-prompts", str(args.num_prompts),
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
             "--concurrency", str(args.concurrency), "--seed", str(args.seed)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"the baseline client failed:\n{proc.stderr[-3000:]}")
-    return {**json.loads(proc.stdout.splitlines()[-1]), "client": "dynspec@baseline"}
+        raise SystemExit(f"the {name} client failed:\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.splitlines()[-1]), "client": name}
 
 
 def run_bench_serving(port: int, sglang_dir: Path, tok: Path, args, tmp: Path) -> dict:
@@ -143,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             clients = {"dynspec": lambda: run_dynspec(srv.base_url, args),
                        "sglang.bench_serving": lambda: run_bench_serving(port, sglang_dir, tok, args, tmp)}
             if args.baseline_src:
-                clients["dynspec@baseline"] = lambda: run_baseline(srv.base_url, args)
+                import dynspec
+
+                here = str(Path(dynspec.__file__).resolve().parents[1])
+                clients["dynspec"] = lambda: run_child(srv.base_url, args, here, "dynspec")
+                clients["dynspec@baseline"] = lambda: run_child(srv.base_url, args, args.baseline_src,
+                                                                "dynspec@baseline")
             for i in range(args.repeats):
                 for client, run in clients.items():
                     r = run()
