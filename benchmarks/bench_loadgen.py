@@ -6,6 +6,12 @@ offline: --dataset-name random-ids --tokenize-prompt, a small local tokenizer).
 
     .venv/bin/python benchmarks/bench_loadgen.py [--concurrency 256] [--num-prompts 1024]
         [--input-len 128] [--output-len 256] [--time-scale 20] [--repeats 2] [--out FILE.json]
+        [--baseline-src DIR]
+
+--baseline-src DIR adds a third client, "dynspec@baseline": the generator of another
+source tree (DIR holds its dynspec package, e.g. `git archive COMMIT src | tar -x -C /tmp/old`
+then /tmp/old/src), so a change to the generator is measured before and after, side by side
+against the same emulator.  Both generators then run in child processes on the same CPU.
 
 Both clients run on CPU 0, the emulator on CPU 1 (when the machine has two).  On a
 small machine the emulator, not the client, may set the wall-clock pace, so the
@@ -58,6 +64,20 @@ def run_dynspec(url: str, args) -> dict:
             "output_throughput": summarize(res.requests)["output_throughput"]}
 
 
+def run_child(url: str, args, src: str, name: str) -> dict:
+    """run_dynspec in a child whose dynspec comes from `src` (it inherits the CPU pinning).  Both
+    generators run this way when a baseline is measured: an A/A run (the same tree on both sides)
+    measured the in-process client at 1.57x the CPU efficiency of the same code in a child."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, __file__, "--client-only", url, "--num-prompts", str(args.num_prompts),
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--concurrency", str(args.concurrency), "--seed", str(args.seed)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {name} client failed:\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.splitlines()[-1]), "client": name}
+
+
 def run_bench_serving(port: int, sglang_dir: Path, tok: Path, args, tmp: Path) -> dict:
     from dynspec.sglang_bench_serving import bench_serving_argv, offline_env
 
@@ -95,7 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs of each client; medians reported")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loadgen.json"))
+    ap.add_argument("--baseline-src", metavar="DIR", help="also run the generator of this source tree (before/after)")
+    ap.add_argument("--client-only", metavar="URL", help=argparse.SUPPRESS)  # the baseline's child process
     args = ap.parse_args(argv)
+    if args.client_only:
+        print(json.dumps(run_dynspec(args.client_only, args)))
+        return 0
+    if args.baseline_src and not (Path(args.baseline_src) / "dynspec" / "bench.py").is_file():
+        ap.error(f"--baseline-src {args.baseline_src}: no dynspec/bench.py there")
 
     from dynspec.realsglang import wheels as sglang_wheels
 
@@ -115,10 +142,18 @@ def main(argv: list[str] | None = None) -> int:
             if two_cpus:
                 os.sched_setaffinity(srv.proc.pid, {1})
                 os.sched_setaffinity(0, {0})
+            clients = {"dynspec": lambda: run_dynspec(srv.base_url, args),
+                       "sglang.bench_serving": lambda: run_bench_serving(port, sglang_dir, tok, args, tmp)}
+            if args.baseline_src:
+                import dynspec
+
+                here = str(Path(dynspec.__file__).resolve().parents[1])
+                clients["dynspec"] = lambda: run_child(srv.base_url, args, here, "dynspec")
+                clients["dynspec@baseline"] = lambda: run_child(srv.base_url, args, args.baseline_src,
+                                                                "dynspec@baseline")
             for i in range(args.repeats):
-                for client in ("dynspec", "sglang.bench_serving"):
-                    r = (run_dynspec(srv.base_url, args) if client == "dynspec"
-                         else run_bench_serving(port, sglang_dir, tok, args, tmp))
+                for client, run in clients.items():
+                    r = run()
                     r["tokens_per_cpu_s"] = r["tokens"] / r["cpu_s"]
                     r["cpu_utilization"] = r["cpu_s"] / r["wall_s"]
                     runs.append(r)
@@ -138,9 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "pinned": two_cpus, "platform": platform.platform()},
         "runs": runs, "emulator_lag_s": lag,
         "median": {c: {k: med(c, k) for k in ("output_throughput", "tokens_per_cpu_s", "cpu_utilization")}
-                   for c in (ours, theirs)},
+                   for c in clients},
         "capacity_ratio": ratio, "wall_ratio": wall_ratio, "target": TARGET, "pass": ratio >= TARGET,
     }
+    if args.baseline_src:
+        base = "dynspec@baseline"
+        summary["baseline"] = {"src": args.baseline_src,
+                               "capacity_ratio": med(ours, "tokens_per_cpu_s") / med(base, "tokens_per_cpu_s"),
+                               "wall_ratio": med(ours, "output_throughput") / med(base, "output_throughput")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_name(out.name + ".tmp")
@@ -148,12 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp_out, out)
     print(f"C={args.concurrency}, {args.num_prompts} prompts of {args.input_len}+{args.output_len} tokens, "
           f"emulator x{args.time_scale:g} (lag {lag or 0:.1f}s)")
-    for c in (ours, theirs):
+    for c in clients:
         m = summary["median"][c]
         print(f"{c:22s} median {m['output_throughput']:9.0f} output tok/s wall, {m['tokens_per_cpu_s']:9.0f} "
               f"tok per client CPU-second (CPU {100 * m['cpu_utilization']:.0f}%)")
     print(f"capacity ratio (tok per CPU-s) {ratio:.2f}x (target {TARGET}x: {'PASS' if ratio >= TARGET else 'FAIL'}); "
           f"wall-clock ratio {wall_ratio:.2f}x -> {out}")
+    if args.baseline_src:
+        b = summary["baseline"]
+        print(f"dynspec against dynspec@baseline ({args.baseline_src}): {b['capacity_ratio']:.2f}x tok per CPU-s, "
+              f"{b['wall_ratio']:.2f}x wall-clock")
     return 0 if ratio >= TARGET else 1
 
 

@@ -78,11 +78,25 @@ class FakeServer:
         await resp.write(b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n")
         return resp
 
+    async def chat(self, request: web.Request):
+        body = await request.json()
+        self.bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        # The role chunk carries no token (empty content); then one token per content chunk.
+        deltas = [{"role": "assistant", "content": ""}] + [{"content": "y"}] * body["max_tokens"]
+        for d in deltas:
+            await asyncio.sleep(GAP / 4)
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": d}]}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
 
 async def with_server(fake: FakeServer, fn):
     app = web.Application()
     app.router.add_post("/generate", fake.generate)
     app.router.add_post("/v1/completions", fake.completions)
+    app.router.add_post("/v1/chat/completions", fake.chat)
     runner = web.AppRunner(app, shutdown_timeout=0.2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -200,6 +214,31 @@ def test_openai_completions(mode, itl_count):
     assert body["stream_options"]["include_usage"] is True
 
 
+def test_chat_completions_count_content_chunks_not_the_role_chunk():
+    fake = FakeServer()
+    res = run(fake, [Prompt(4, text="hi")], 1, api="chat")
+    (r,) = res.requests
+    assert r.ok and r.output_tokens == 4 and len(r.itls) == 3 and r.ttft >= GAP / 2 * 0.9
+    assert fake.bodies[0]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_open_loop_sends_at_the_arrival_times_and_respects_the_cap():
+    fake = FakeServer()
+    prompts = random_prompts(6, 4, 3, seed=5)
+    arrivals = [0.0, 0.0, 0.0, 0.0, 0.3, 0.3]
+    res = run(fake, prompts, 2, arrivals=arrivals)
+    assert res.failed == 0 and len(res.requests) == 6 and fake.max_in_flight == 2
+    t0 = min(r.start for r in res.requests)
+    starts = [r.start - t0 for r in res.requests]
+    # Held back by the cap of 2: requests 2 and 3 start when 0 and 1 end (2 chunks, GAP apart).
+    assert starts[2] >= 1.8 * GAP and starts[3] >= 1.8 * GAP
+    assert all(s >= 0.3 - 0.01 for s in starts[4:])  # never before their arrival time
+
+    fake = FakeServer()
+    res = run(fake, prompts, 0, arrivals=[0.0] * 6)  # 0: no cap, every request at once
+    assert res.failed == 0 and fake.max_in_flight == 6
+
+
 def test_random_prompts_are_seeded_and_exact():
     a, b, c = random_prompts(4, 100, 9, seed=7), random_prompts(4, 100, 9, seed=7), random_prompts(4, 100, 9, seed=8)
     assert a == b and a != c
@@ -241,75 +280,98 @@ def test_request_records_round_trip(tmp_path):
         assert math.isclose(m1[k], m2[k], rel_tol=1e-9)
 
 
-# The HTTP/1.1 streaming client under the generator ------------------------------------------
+# What the generator's HTTP path (aiohttp) and SSE reader must survive ---------------------------
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dynspec.httpstream import HTTPStreamError, StreamClient, _Response  # noqa: E402
+from dynspec.bench import _SSEReader  # noqa: E402
+from dynspec.results import RequestRecord  # noqa: E402
 
 
-def _chunked(body_parts: list[bytes]) -> bytes:
-    out = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in body_parts if p)
-    return out + b"0\r\n\r\n"
+def _event(count: int) -> bytes:
+    return b'data: {"text":"x","meta_info":{"prompt_tokens":3,"completion_tokens":%d}}\n\n' % count
 
 
-def _feed(raw: bytes, cuts: list[int]):
-    """Deliver raw response bytes to a parser in pieces cut at the given offsets."""
-    loop = asyncio.new_event_loop()
+async def _read_request(reader) -> bool:
+    """Read one POST (head and body); False when the client closed the connection instead."""
     try:
-        conn = _Response(loop)
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return False
+    n = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+    await reader.readexactly(n)
+    return True
 
-        class T:
-            def abort(self):
-                pass
 
-        conn.connection_made(T())
-        got = []
-        done = conn.start(lambda data, now: got.append(data))
-        points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
-        for a, b in zip(points, points[1:]):
-            conn.data_received(raw[a:b])
-        return done, b"".join(got), conn
-    finally:
-        loop.close()
+def _reply(status: str, body: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status.encode(), len(body), body)
+
+
+def run_raw(reply: bytes, prompts, concurrency=1, **kw):
+    """The generator against a server that answers every request with `reply` and closes."""
+    async def handle(reader, writer):
+        if await _read_request(reader):
+            writer.write(reply)
+            await writer.drain()
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        try:
+            return await run_level_async(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", prompts,
+                                         concurrency, **kw)
+        finally:
+            server.close()
+
+    return asyncio.run(go())
 
 
 @settings(max_examples=150, deadline=None)
-@given(parts=st.lists(st.binary(max_size=40), max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=12),
-       framing=st.sampled_from(["chunked", "length"]))
-def test_body_survives_any_split_of_the_byte_stream(parts, cuts, framing):
-    body = b"".join(parts)
-    if framing == "chunked":
-        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(parts)
-    else:
-        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    done, got, conn = _feed(raw, cuts)
-    assert done.done() and done.result() == 200 and got == body and conn.keep_alive
+@given(counts=st.lists(st.integers(1, 400), min_size=1, max_size=8), cuts=st.lists(st.integers(0, 10_000), max_size=12),
+       done=st.booleans(), newline=st.booleans())
+def test_sse_reader_gives_the_same_tokens_for_any_split_of_the_stream(counts, cuts, done, newline):
+    counts = sorted(set(counts))
+    raw = b"".join(_event(c) for c in counts) + (b"data: [DONE]\n\n" if done else b"")
+    if not newline:
+        raw = raw.rstrip(b"\n")  # a last line without its newline still counts
+
+    def read(pieces):
+        rec = RequestRecord(start=0.0, end=0.0, input_tokens=0)
+        sse = _SSEReader(rec, 0.0, False)
+        for t, piece in enumerate(pieces, 1):
+            sse.feed(piece, float(t))
+        sse.close(float(len(pieces) + 1))
+        return sse, rec
+
+    points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+    sse, rec = read([raw[a:b] for a, b in zip(points, points[1:])])
+    whole, _ = read([raw])
+    assert sse.tokens == whole.tokens == counts[-1]
+    assert sse.last_line == whole.last_line == _event(counts[-1]).rstrip(b"\n")
+    # The first chunk sets TTFT; each later one gives one gap per token it carries.
+    assert rec.ttft is not None and len(rec.itls) == counts[-1] - counts[0]
 
 
-def test_error_status_body_is_kept_not_streamed():
-    raw = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 7\r\nConnection: close\r\n\r\nloading"
-    done, got, conn = _feed(raw, [5, 30])
-    assert done.result() == 503 and got == b"" and conn.error_body == b"loading" and not conn.keep_alive
+def test_a_truncated_stream_is_a_failed_request():
+    # One token, then the server closes inside the chunked body.
+    ev = _event(1)
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n40\r\nab" % (len(ev), ev)
+    (r,) = run_raw(reply, [Prompt(4, input_ids=(1,))]).requests
+    assert not r.ok and r.error.startswith("ClientPayloadError:") and r.ttft is not None
 
 
-def test_broken_framing_and_early_close_are_errors():
-    done, _, _ = _feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", [])
-    with pytest.raises(HTTPStreamError, match="bad chunk size"):
-        done.result()
-    done, _, _ = _feed(b"SSH-2.0-OpenSSH\r\n\r\n", [])
-    with pytest.raises(HTTPStreamError, match="not an HTTP/1.x response"):
-        done.result()
-    loop = asyncio.new_event_loop()
-    conn = _Response(loop)
-    conn.connection_made(None)
-    fut = conn.start(lambda d, t: None)
-    conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
-    conn.connection_lost(None)
-    with pytest.raises(HTTPStreamError, match="before the response ended"):
-        fut.result()
-    loop.close()
+@pytest.mark.parametrize("reply, error", [
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "ClientResponseError:"),  # not HTTP
+    (_reply("200 OK", b'data: {"meta_info": {}}\n\n'), "stream ended without a token"),  # framed, no token
+    (_reply("503 Service Unavailable", b"loading\n  model" + b"." * 386),
+     "HTTP 503: loading model" + "." * 285),  # a non-200's body: its first 300 characters, whitespace folded
+])
+def test_malformed_replies_are_failed_requests_with_a_reason(reply, error):
+    res = run_raw(reply, [Prompt(4, input_ids=(1,)), Prompt(4, input_ids=(2,))])
+    assert res.failed == 2 and all(r.error.startswith(error) for r in res.requests), res.requests[0].error
+    if error.startswith("HTTP"):
+        assert res.requests[0].error == error
 
 
 def test_connections_are_reused_across_requests():
@@ -327,47 +389,35 @@ def test_connections_are_reused_across_requests():
     assert res.failed == 0 and len(fake.seen) == 3  # one keep-alive connection per worker
 
 
-def test_only_plain_http_urls():
-    with pytest.raises(ValueError, match="only plain http://host:port"):
-        StreamClient("https://example.invalid:443")
+@pytest.mark.parametrize("url", ["127.0.0.1:30000", "ftp://h:1", "http://", "http://h:port"])
+def test_a_bad_base_url_is_a_one_line_error(url):
+    with pytest.raises(ValueError, match=r"not an http://host:port URL"):
+        asyncio.run(run_level_async(url, random_prompts(1, 4, 3), 1))
 
 
 def test_a_kept_alive_connection_closed_by_the_server_is_retried_once():
     # Each connection answers one request, then reads the next and closes without a word
-    # (a keep-alive timeout racing the reuse): the client must resend on a fresh connection.
+    # (a keep-alive timeout racing the reuse): the generator must resend on a fresh connection.
     served, dropped = [], []
 
-    async def read_request(reader):
-        head = await reader.readuntil(b"\r\n\r\n")
-        n = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
-        await reader.readexactly(n)
-
     async def handle(reader, writer):
-        await read_request(reader)
+        await _read_request(reader)
         served.append(1)
-        event = b'data: {"text":"x","meta_info":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(event), event))
+        ev = _event(1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(ev), ev))
         await writer.drain()
-        try:
-            await read_request(reader)
+        if await _read_request(reader):
             dropped.append(1)
-        except asyncio.IncompleteReadError:
-            pass
         writer.close()
 
     async def go():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = StreamClient(f"http://127.0.0.1:{port}")
-        got = []
         try:
-            for _ in range(3):
-                status, _ = await client.post("/generate", b"{}", lambda d, t: got.append(d), timeout=5)
-                assert status == 200
+            return await run_level_async(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
+                                         random_prompts(3, 4, 1), 1)
         finally:
-            client.close()
             server.close()
-        return got
 
-    got = asyncio.run(go())
-    assert len(served) == 3 and len(dropped) == 2 and len(got) == 3
+    res = asyncio.run(go())
+    assert res.failed == 0 and len(res.requests) == 3, res.error_summary()
+    assert len(served) == 3 and len(dropped) == 2

@@ -8,9 +8,11 @@ chunk carrying k tokens gives k gaps of gap/k) and the output tokens as the serv
 counts them (meta_info.completion_tokens / usage.completion_tokens), so no tokenizer
 is needed.  Failed and timed-out requests are recorded as such, never dropped.
 
-Speed (benchmarks/bench_loadgen.py): bytes go from the socket straight to the SSE
-reader (dynspec.httpstream), chunks are not JSON-parsed on the hot path (the token
-count is found with a byte search), and only a request's last chunk is parsed.
+HTTP is aiohttp's client: one ClientSession per level, the body read with readany() (all
+bytes that have arrived, in one await) and handed to an SSE reader that splits lines
+itself.  Chunks are not JSON-parsed on the hot path (the token count is found with a byte
+search); only a request's last chunk is parsed.  Client CPU per token is measured by
+benchmarks/bench_loadgen.py (docs/GPU_NODE.md, "Load generator").
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import aiohttp
+
 from dynspec.results import RequestRecord
 
 # Matched unescaped (quote, name, quote, colon), so generated text containing it -- which
@@ -29,6 +33,8 @@ from dynspec.results import RequestRecord
 _KEY = b'"completion_tokens":'
 _DATA = b"data:"
 _DONE = b"[DONE]"
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_MAX_ERROR_BODY = 64 * 1024
 
 
 def _leading_int(b: bytes, i: int) -> int:
@@ -150,34 +156,50 @@ class _SSEReader:
             self.feed(b"\n", now)
 
 
-async def _one_request(client, path: str, api: str, prompt: Prompt, model: str | None,
-                       timeout: float | None) -> RequestRecord:
-    from dynspec.httpstream import HTTPStreamError
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> aiohttp.ClientResponse:
+    try:
+        return await session.post(url, data=body, headers=_HEADERS)
+    except aiohttp.ClientConnectorError:
+        raise  # could not connect at all: nothing to retry
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+        # A kept-alive connection the server closed just as it was reused: no response head came.
+        # aiohttp retries that only for idempotent methods (the same two errors), so resend this POST once.
+        return await session.post(url, data=body, headers=_HEADERS)
 
+
+async def _one_request(session: aiohttp.ClientSession, url: str, api: str, prompt: Prompt, model: str | None,
+                       timeout: float | None) -> RequestRecord:
     clock = time.perf_counter
-    start = clock()
+    start = clock()  # dispatch: the clock runs from here, connection set-up included
     rec = RequestRecord(start=start, end=start, input_tokens=prompt.input_len)
     sse = _SSEReader(rec, start, api != "generate")
     try:
-        status, err_body = await client.post(path, json.dumps(_payload(api, prompt, model)).encode(), sse.feed,
-                                             timeout)
-        if status != 200:
-            text = err_body.decode(errors="replace")[:300]
-            rec.ok, rec.error = False, f"HTTP {status}: {' '.join(text.split())}"
-        else:
-            sse.close(clock())
-            rec.output_tokens = sse.tokens
-            if sse.last_line:
-                _final_check(api, sse.last_line[5:].strip(), rec)
-            if rec.ok and rec.output_tokens == 0:
-                rec.ok, rec.error = False, "stream ended without a token"
-    except asyncio.TimeoutError:
+        resp = await _post(session, url, json.dumps(_payload(api, prompt, model)).encode())
+        try:
+            if resp.status != 200:
+                text = (await resp.content.read(_MAX_ERROR_BODY)).decode(errors="replace")[:300]
+                rec.ok, rec.error = False, f"HTTP {resp.status}: {' '.join(text.split())}"
+            else:
+                read = resp.content.readany  # everything that has arrived: lines read together share a time
+                while data := await read():
+                    sse.feed(data, clock())
+                sse.close(clock())
+                rec.output_tokens = sse.tokens
+                if sse.last_line:
+                    _final_check(api, sse.last_line[5:].strip(), rec)
+                if rec.ok and rec.output_tokens == 0:
+                    rec.ok, rec.error = False, "stream ended without a token"
+        except BaseException:
+            resp.close()  # timed out, cancelled or broken mid-body: this connection is not reusable
+            raise
+        resp.release()
+    except asyncio.TimeoutError:  # before OSError: on Python 3.11 it is the builtin TimeoutError, an OSError
         rec.ok, rec.error = False, f"request timed out after {timeout:g}s"
     except asyncio.CancelledError:
         rec.end = clock()
         rec.ok, rec.error = False, "cancelled: level timed out"
         raise _Cancelled(rec) from None
-    except (OSError, HTTPStreamError) as exc:  # refused, reset, server died: a failed request, counted
+    except (OSError, aiohttp.ClientError) as exc:  # refused, reset, truncated or not HTTP: a failed request
         rec.ok, rec.error = False, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     rec.end = clock()
     return rec
@@ -237,25 +259,27 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
     (dynspec.arrivals), at most `concurrency` in flight when it is >= 1 (0: no cap); a request
     held back by the cap starts its clock when it is sent, as bench_serving's.
     """
-    from dynspec.httpstream import StreamClient
-
     if api not in API_PATHS:
         raise ValueError(f"unknown api {api!r} ({', '.join(API_PATHS)})")
     if arrivals is None and concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     if arrivals is not None and len(arrivals) != len(prompts):
         raise ValueError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
-    path = API_PATHS[api]
+    url = _level_url(base_url, api)
     timeout = request_timeout
     result = LevelResult(requests=[])
-    session = StreamClient(base_url)  # keeps idle connections for reuse
+    # The pool covers every request this level has in flight at once, so none waits inside aiohttp for
+    # a connection (that wait would count as TTFT); 0 is no limit, for an open loop without a cap.
+    limit = 0 if concurrency < 1 else max(concurrency, warmup)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+                                    timeout=aiohttp.ClientTimeout(total=timeout))  # the whole request, body included
     try:
         if warmup and prompts:
             wp = [Prompt(min(p.output_len, 32), p.input_ids, p.text) for p in prompts[:warmup]]
             while len(wp) < warmup:
                 wp.append(wp[len(wp) % len(prompts)])
             result.warmup = await asyncio.gather(
-                *(_one_request(session, path, api, p, model, timeout) for p in wp))
+                *(_one_request(session, url, api, p, model, timeout) for p in wp))
 
         bar = None
         if progress:
@@ -267,7 +291,7 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
 
         async def send(i: int) -> None:
             try:
-                slots[i] = await _one_request(session, path, api, prompts[i], model, timeout)
+                slots[i] = await _one_request(session, url, api, prompts[i], model, timeout)
             except _Cancelled as c:
                 slots[i] = c.rec
                 raise asyncio.CancelledError from None
@@ -299,10 +323,24 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
         if bar is not None:
             bar.close()
     finally:
-        session.close()
+        await session.close()
     result.requests = [r for r in slots if r is not None]
     result.not_sent = len(prompts) - len(result.requests)
     return result
+
+
+def _level_url(base_url: str, api: str) -> str:
+    """The endpoint's URL; a base URL that is not http(s)://host[:port][/prefix] is a one-line error."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    try:
+        u.port  # noqa: B018 -- raises ValueError for a port that is not a number in range
+    except ValueError:
+        u = u._replace(netloc="")
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{base_url}: not an http://host:port URL")
+    return base_url.rstrip("/") + API_PATHS[api]
 
 
 async def _open_loop(send, arrivals: Sequence[float], cap: int, should_stop, result: LevelResult) -> None:
