@@ -7,11 +7,8 @@
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 # Results land in $OUT: gpu.txt, census.txt, census/census.json, census/traces/<arm>/*.trace.json.gz
 set -u
-OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT/census"
-export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) || exit 1
-export PYTHONPATH=$PWD/src:/tmp/site
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source scripts/h200_setup.sh
+mkdir -p "$OUT/census"
 timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 --tokens 64 \
     --profile-steps ${PROFILE_STEPS:-30} --out "$OUT/census/census.json" > "$OUT/census.txt" 2>&1
 echo "census exit $?" >> "$OUT/census.txt"; tail -30 "$OUT/census.txt"

@@ -6,11 +6,7 @@
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 # Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder).
 set -u
-OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) || exit 1
-export PYTHONPATH=$PWD/src:/tmp/site
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source scripts/h200_setup.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml)
 [ -n "${SKIP_IDENTITY:-}" ] || timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \

@@ -1,0 +1,8 @@
+# Sourced by the scripts/h200_*.sh device scripts: the lent H200 has no network and no SGLang,
+# so the carried wheels in .whl/ (scripts/fetch_h200_wheels.sh) are installed into /tmp/site,
+# SGLang itself is unpacked from its wheel by dynspec.realsglang, and the GPU is recorded.
+OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) || exit 1
+export PYTHONPATH=$PWD/src:/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
