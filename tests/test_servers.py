@@ -181,3 +181,24 @@ def test_emulator_as_an_arm_server(tmp_path):
         assert "dynspec_steps_plain_total" in snap.metrics
         pid = srv.proc.pid
     assert not srv.alive() and srv.returncode is not None and wait_dead(pid)
+
+
+def test_quiet_ports_are_free_distinct_and_outside_the_ephemeral_range(monkeypatch):
+    import random
+    import socket
+
+    from dynspec import servers
+
+    ports = [servers.quiet_port() for _ in range(20)]
+    assert len(set(ports)) == 20 and all(20000 <= p < 32000 for p in ports)
+    # A port in use is skipped; one handed out before is never handed out again.
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    taken = busy.getsockname()[1]
+    picks = iter([taken, ports[0], 25001, 25002])
+    monkeypatch.setattr(random, "randrange", lambda lo, hi: next(picks))
+    try:
+        got = servers.quiet_port()
+    finally:
+        busy.close()
+    assert got in (25001, 25002) and got not in ports

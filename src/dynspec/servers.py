@@ -42,6 +42,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def quiet_port(host: str = "127.0.0.1", lo: int = 20000, hi: int = 32000) -> int:
+    """A free port below Linux's ephemeral range (32768-60999) that this process has not handed
+    out before.  Servers started side by side bind their ports seconds after they are chosen;
+    a port from the ephemeral range can be taken meanwhile by an outgoing connection or by
+    another server's own "any free port" pick (seen: SGLang's NCCL store port, EADDRINUSE)."""
+    import random
+
+    for _ in range(500):
+        p = random.randrange(lo, hi)
+        if p in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, p))
+            except OSError:
+                continue
+        _HANDED_OUT.add(p)
+        return p
+    raise ServerError(f"no free port in {lo}-{hi} on {host}")
+
+
 def fill_placeholders(argv: list[str], values: dict[str, str]) -> list[str]:
     """Put model paths, host and port into the launch line; every other argument passes untouched."""
     out = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynspec import realsglang
-from dynspec.servers import ArmServer, ServerError, free_port
+from dynspec.servers import ArmServer, ServerError, quiet_port
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,11 @@ def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra
     if arm.policy is not None:
         env["DYNSPEC_POLICY"] = arm.policy
     env.update(arm.env)
-    port = free_port()
+    # Both of the server's TCP ports chosen here, away from the ephemeral range: left to itself,
+    # SGLang picks its NCCL store port at random, and arms started together can collide.
+    port = quiet_port()
     argv = realsglang.server_argv(models / "target", port, draft=models / "draft" if arm.speculative else None,
-                                  gpu=gpu, extra=[*extra_args, *arm.args])
+                                  gpu=gpu, extra=[*extra_args, *arm.args, "--nccl-port", str(quiet_port())])
     return ArmServer(arm.name, argv, port=port, env=env, log_path=logdir / f"{arm.name}.log",
                      startup_timeout=startup_timeout, shutdown_grace=10)
 
