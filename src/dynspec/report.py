@@ -545,8 +545,8 @@ def status_box(run: Run, measured_dir: Path = MEASURED_DIR) -> list[tuple[str, s
     from dynspec.profile import ProfileError, load_profile
 
     rows = [("Numbers", banner(run).split(" Arms with a policy")[0])]
-    if wall_clock_problem(run.run_dir):
-        rows.append(("Clock", wall_clock_problem(run.run_dir)))
+    if clock := wall_clock_problem(run.run_dir):
+        rows.append(("Clock", clock))
     profile = None
     if run.backend in ("sim", "emulate") and run.profile:
         try:

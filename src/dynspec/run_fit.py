@@ -57,8 +57,8 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
             raise FitError(f"{run_dir}: no {p.name} (a dynspec sweep's run folder holds both)")
     from dynspec.results import wall_clock_problem
 
-    if wall_clock_problem(run_dir):
-        raise FitError(wall_clock_problem(run_dir))
+    if problem := wall_clock_problem(run_dir):
+        raise FitError(problem)
     config = read_yaml(config_path, FitError, "run config") or {}
     if not isinstance(config, dict):
         raise FitError(f"{config_path}: a run config is a YAML mapping, got {type(config).__name__}")

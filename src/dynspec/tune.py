@@ -121,8 +121,8 @@ def load_levels(cfg: TuneConfig):
 
     if not cfg.results.is_file():
         raise TuneError(f"{cfg.results}: no such results file")
-    if wall_clock_problem(cfg.results.parent):
-        raise TuneError(wall_clock_problem(cfg.results.parent))
+    if problem := wall_clock_problem(cfg.results.parent):
+        raise TuneError(problem)
     try:
         df = closed_loop(read_table(cfg.results))  # a cutoff is judged at concurrency levels
     except ValueError as exc:

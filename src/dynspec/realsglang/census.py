@@ -59,24 +59,13 @@ def _counted(kind: str, fn, *, on_device_only: bool = False):
     return wrapper
 
 
-def _to_cpu(fn):
-    """Tensor.to counts only when it moves to the CPU (the device argument says so)."""
+def _to_cpu(fn, *, on_device_only: bool = False):
+    """Tensor.to counts only when it moves to the CPU (the device argument says so), and with
+    on_device_only only from a tensor on a GPU."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         dev = kwargs.get("device", args[0] if args else None)
-        if str(dev) == "cpu":
-            site = _site("to(cpu)")
-            with _lock:
-                _counts[site] += 1
-        return fn(self, *args, **kwargs)
-    return wrapper
-
-
-def _to_cpu_from_gpu(fn):
-    @functools.wraps(fn)
-    def wrapper(self, *args, **kwargs):
-        dev = kwargs.get("device", args[0] if args else None)
-        if str(dev) == "cpu" and self.is_cuda:
+        if str(dev) == "cpu" and (not on_device_only or self.is_cuda):
             site = _site("to(cpu)")
             with _lock:
                 _counts[site] += 1
@@ -114,10 +103,7 @@ def install(folder: str | os.PathLike) -> None:
     gpu = torch.cuda.is_available()  # then only tensors on the GPU count: residency is known
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero"):
         setattr(T, name, _counted(name, getattr(T, name), on_device_only=gpu))
-    if not gpu:  # on a GPU, .to("cpu") of a GPU tensor is counted as .cpu() would be below
-        T.to = _to_cpu(T.to)
-    else:
-        T.to = _to_cpu_from_gpu(T.to)
+    T.to = _to_cpu(T.to, on_device_only=gpu)
     torch.nonzero = _counted("torch.nonzero", torch.nonzero, on_device_only=gpu)
     for mod in ("cuda", "cpu"):
         event = getattr(getattr(torch, mod, None), "Event", None)
