@@ -5,10 +5,20 @@
 #   2. a torch profiler trace of 30 decode steps per arm (SGLang's /start_profile), for
 #      Perfetto: the CPU gaps between the target's graph replays, and what the GPU runs there.
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
-# Results land in $OUT: gpu.txt, census.txt, census/census.json, census/traces/<arm>/*.trace.json.gz
+#   3. benchmarks/trace_gaps.py on both traces: GPU idle per step by the CPU site that ended it,
+#      host waits by site, the kernels that take the GPU's time.
+# Results land in $OUT: gpu.txt, census.txt, census.json, gaps.txt, gaps.json, trace-<arm>.json.gz
 set -u
 source scripts/h200_setup.sh
-mkdir -p "$OUT/census"
-timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 --tokens 64 \
-    --profile-steps ${PROFILE_STEPS:-30} --out "$OUT/census/census.json" > "$OUT/census.txt" 2>&1
+STEPS=${PROFILE_STEPS:-30}; WORK=/tmp/census; mkdir -p "$WORK"
+gpu_idle; timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 --tokens 64 \
+    --profile-steps "$STEPS" --out "$WORK/census.json" > "$OUT/census.txt" 2>&1
 echo "census exit $?" >> "$OUT/census.txt"; tail -30 "$OUT/census.txt"
+cp "$WORK/census.json" "$OUT/" 2>/dev/null
+python3 benchmarks/trace_gaps.py --steps "$STEPS" --out "$OUT/gaps.json" \
+    plain="$WORK/traces/plain" patched-never="$WORK/traces/patched-never" > "$OUT/gaps.txt" 2>&1
+cat "$OUT/gaps.txt"
+for arm in plain patched-never; do  # the largest trace per arm, when it fits what comes back (16 MiB)
+    f=$(ls -S "$WORK/traces/$arm"/*.trace.json* 2>/dev/null | head -1)
+    [ -n "$f" ] && [ "$(stat -c %s "$f")" -lt 16000000 ] && cp "$f" "$OUT/trace-$arm.json.gz"
+done

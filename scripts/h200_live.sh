@@ -12,7 +12,7 @@ CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml
 [ -n "${SKIP_IDENTITY:-}" ] || timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
     --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
 [ -n "${SKIP_IDENTITY:-}" ] || { echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"; }
-python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
+gpu_idle; python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
 timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"

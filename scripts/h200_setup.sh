@@ -3,6 +3,9 @@
 # SGLang itself is unpacked from its wheel by dynspec.realsglang, and the GPU is recorded.
 OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) || exit 1
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) && touch /tmp/site/.installed; } || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# Between phases of one call: a killed server frees its GPU memory only once its processes are
+# gone; the next phase's servers size their KV pools from what is free then.
+gpu_idle() { for _ in $(seq 60); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 2; done; }

@@ -262,6 +262,7 @@ def make_worker(sg, cls_module, args, policy=None, graphs=None):
     if cls_module is sg.ew:
         w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
         w._dynspec_graphs = graphs
+        w._dynspec_catch_up = None  # CUDA graphs of the catch-up: CUDA only (see the graph test)
         w._dynspec_graph_model = None  # FakeTargetRunner has no model attribute
         w._dynspec_stale = torch.zeros(pool.req_to_token.shape[0], dtype=torch.bool)
         w._dynspec_resume_pending = False
@@ -402,6 +403,37 @@ def test_plain_step_uses_plain_graphs_when_captured(sg, env):
     assert (t["graph_runner"], t["attn_backend"]) == ("plain-decode-graphs", "plain-attn")
     assert (w.target_worker.model_runner.graph_runner, w.target_worker.model_runner.attn_backend) == (
         VERIFY_GRAPHS, TARGET_ATTN)
+
+
+def test_graphed_catch_up_pads_to_a_captured_size_and_writes_padding_to_slot_0(sg, env):
+    """The catch-up graphs (CUDA only) replay a fixed batch size: inputs are copied into static
+    buffers, rows past the batch write to the padding slot 0, the output is copied out.  Here a
+    stand-in graph runs the same function on the same static buffers, so what is checked is the
+    padding and buffer handling around replay(), not CUDA."""
+    w, trace = make_worker(sg, sg.ew, env)
+    cu = sg.ew._DynspecCatchUpGraphs.__new__(sg.ew._DynspecCatchUpGraphs)
+    cu.runner, cu.sizes = w.draft_worker.draft_runner, [1, 2, 4]
+    cu.ids, cu.positions, cu.slot = (torch.zeros(4, dtype=torch.int64) for _ in range(3))
+    cu.aux = torch.zeros(4, 3 * H_DRAFT)
+
+    class StandInGraph:  # what a captured graph does: rerun on the static buffers, fixed output
+        def __init__(self, bs):
+            self.bs, self.out = bs, torch.zeros(bs, H_DRAFT)
+
+        def replay(self):
+            self.out.copy_(cu._run(self.bs))
+
+    cu.graphs = {bs: (g, g.out) for bs, g in ((b, StandInGraph(b)) for b in cu.sizes)}
+    aux = torch.randn(3, 3 * H_DRAFT)
+    ids, pos, slot = torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), torch.tensor([101, 102, 103])
+    cu.slot.fill_(999)  # a stale slot from an earlier, larger batch must not be written again
+    folded = cu(aux, ids, pos, slot)
+    (_, kv), = [c for c in trace if c[0] == "draft_kv"]
+    assert kv["loc"].tolist() == [101, 102, 103, 0]  # padded to 4, the extra row to slot 0
+    k, v = expected_kv(ids, aux, pos)
+    assert torch.allclose(kv["k"].reshape(4, -1)[:3], k) and torch.allclose(kv["v"].reshape(4, -1)[:3], v)
+    assert torch.allclose(folded, 2 * aux[:, :H_DRAFT])
+    assert folded.data_ptr() != cu.graphs[4][1].data_ptr()  # a copy: the next replay overwrites the graph's
 
 
 def test_speculate_takes_the_original_path(sg, env):

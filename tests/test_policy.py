@@ -101,6 +101,25 @@ def test_goodput_turns_spec_off_where_it_always_loses():
     assert got["goodput"] >= 0.985 * plain["goodput"], (got, plain)
 
 
+def test_goodput_is_not_fooled_by_one_slow_plain_step():
+    """Seen on the H200 (real SGLang, dummy weights, nothing accepted): the first timed plain
+    step of the server's life took ~60 spec steps (warm-up), and the policy speculated for
+    thousands of steps at 0 accepted tokens, probing plain once per 2000 steps.  A plain step
+    does a subset of a speculative step's work (one target token per request instead of k+1,
+    a KV-only catch-up instead of a draft), so a plain time above the spec time is an outlier."""
+    policy = build_policy("goodput")
+    machine = Machine(plain=ms(7.4, 0.05), spec=ms(11.6, 0.2), accepted_mean=0.0, seed=1)
+    decisions = []
+    for i in range(3000):
+        d = policy.decide(1)
+        rec = machine.step(1, d)
+        if not d and not any(x is False for x in decisions):
+            rec = StepRecord(1, False, (), 0.66)  # the outlier: the first plain step's time
+        policy.observe(rec)
+        decisions.append(d)
+    assert sum(decisions[100:]) / len(decisions[100:]) < 0.05, sum(decisions)
+
+
 @pytest.mark.parametrize("with_profile", [False, True])
 def test_goodput_speculates_below_crossover_and_not_above(with_profile):
     profile = None

@@ -419,6 +419,18 @@ def test_coinciding_arms_are_named_in_the_findings():
     assert report.coinciding_arms(lv, ["eagle3", "eagle3b"]) == [] and "coincide" not in report.findings(lv)
 
 
+def test_the_price_of_switching_is_stated_where_a_run_measures_it():
+    """A run with a plain server (policy none) and the patched one told never to speculate gets a
+    finding with their throughput ratio per level; a run without both gets none."""
+    base = THROUGHPUT["baseline"]
+    tp = dict(THROUGHPUT, never={c: t * (0.95 if c == 1 else 0.99) for c, t in base.items()})
+    lv = _levels(throughput=tp, policy=dict(POLICY, never="never"))
+    text = report.switch_price(lv)
+    assert "0.950 at C=1" in text and "worst 0.950" in text and "`baseline`" in text
+    assert "Price of being able to switch" in report.findings(lv)
+    assert report.switch_price(_levels()) == ""
+
+
 def test_figures_keep_their_legend_below_and_accept_length_from_one():
     lv = _levels()
     fig = report.throughput_figure(lv)

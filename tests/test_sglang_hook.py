@@ -54,6 +54,20 @@ def test_counts_switches_and_logs_one_line_per_switch(caplog):
     assert st["last_switch"]["step"] == 6 and st["last_switch"]["reason"] == "because 50"
 
 
+def test_server_info_shows_what_goodput_believes():
+    """/get_server_info carries goodput's per-bucket estimates (why it decides as it does), with a
+    plain time no higher than the spec time it is compared with."""
+    t = iter([i * 0.01 for i in range(100)])
+    ctl = Controller(build_policy("goodput"), spec="goodput", clock=lambda: next(t))
+    assert Controller(Scripted([True]), spec="s").stats()["estimates"] is None  # a policy without any
+    for _ in range(12):
+        spec = ctl.decide(1)
+        ctl.observe(1, spec, [0] if spec else [])
+    est = ctl.stats()["estimates"]["1+"]
+    assert est["spec_ms"] == pytest.approx(10.0) and est["plain_ms"] == pytest.approx(10.0)
+    assert est["accepted"] == 0.0 and est["speculate"] is False
+
+
 def test_only_rank_zero_logs(caplog):
     ctl = Controller(Scripted([False]), spec="s", tp_rank=3, tp_size=4, sync=lambda xs: xs,
                      logger=logging.getLogger("t.hook"))

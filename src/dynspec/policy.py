@@ -473,16 +473,24 @@ class Goodput(Policy):
         k = self.n_acc[b]
         return (k * a + self.SHRINK * g) / (k + self.SHRINK)
 
+    def _times(self, b: int) -> tuple[float | None, float | None]:
+        """Plain and spec step times in bucket b.  A plain step does a subset of a speculative
+        step's work (one target token per request instead of k+1, a KV-only catch-up instead of
+        a draft), so a plain estimate above the spec one is an outlier (a warm-up step, a stall)
+        and counts as the spec time: one slow plain step must not keep a losing draft running."""
+        tp, ts = self.t_est[0][b], self.t_est[1][b]
+        return (min(tp, ts) if tp is not None and ts is not None else tp), ts
+
     def _gain(self, b: int) -> float | None:
         """Expected spec/plain goodput ratio in bucket b (speculation's output discounted by the
         lead), None while unknown."""
-        tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
+        (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
         return (1.0 + acc) * self._discount * tp / ts
 
     def _refresh(self, b: int) -> None:
-        tp, ts, acc = self.t_est[0][b], self.t_est[1][b], self._accepted(b)
+        (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return
         acc = (1.0 + acc) * self._discount - 1.0  # tokens per request as valued (lead)
@@ -645,6 +653,21 @@ class Goodput(Policy):
         # The discrete state decisions follow (estimates enter through _choice and _interval).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
                 self._last_seen, self._choice, self._interval, self._known, self._seeded)
+
+    def estimates(self) -> dict:
+        """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
+        drafts per request, resume cost (ms) and the choice."""
+        out = {}
+        for b, edge in enumerate(BUCKET_EDGES):
+            (tp, ts), acc = self._times(b), self._accepted(b)
+            if tp is None and ts is None:
+                continue
+            out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
+                               "spec_ms": None if ts is None else round(1000 * ts, 3),
+                               "accepted": None if acc is None else round(acc, 3),
+                               "resume_ms": round(1000 * self._t_resume[b], 3),
+                               "speculate": self._choice[b]}
+        return out
 
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)

@@ -681,6 +681,9 @@ def findings(levels: pd.DataFrame, config: dict | None = None) -> str:
         for _, r in summ.loc[~summ["arm"].isin(plain + specs)].iterrows():
             out.append(f"- **Policy `{r['arm']}`:** {r['mean_of_envelope']:.1%} of the envelope on average, "
                        f"worst {r['worst_of_envelope']:.2%} at C={int(r['worst_at_concurrency'])}.")
+    price = switch_price(levels)
+    if price:
+        out.append(f"- **Price of being able to switch:** {price}")
     same = coinciding_arms(levels, specs)
     if same and set(levels["backend"].dropna()) <= {"sim", "emulate"}:
         out.append(f"- **{' and '.join(f'`{a}`' for a in same)} coincide** (within 0.5% at every level): "
@@ -693,6 +696,24 @@ def findings(levels: pd.DataFrame, config: dict | None = None) -> str:
     if failed:
         out.append(f"- **Failed:** {failed} measurement(s) failed and are left out (listed at the end).")
     return "\n".join(out)
+
+
+def switch_price(levels: pd.DataFrame) -> str:
+    """What the patched server told never to speculate keeps of a plain server's throughput, per
+    level ("" unless the run has both: an arm of policy "none" and one of policy "never")."""
+    if "policy" not in levels:
+        return ""
+    pol = levels.groupby("arm")["policy"].first().astype(str).str.lower()
+    none, never = sorted(pol[pol == "none"].index), sorted(pol[pol == "never"].index)
+    if not none or not never:
+        return ""
+    w = levels.pivot_table(index="concurrency", columns="arm", values="output_throughput")
+    ratio = (w[never[0]] / w[none[0]]).dropna()
+    if ratio.empty:
+        return ""
+    per = ", ".join(f"{r:.3f} at C={int(c)}" for c, r in ratio.items())
+    return (f"`{never[0]}` (speculation off by policy, the draft kept current) delivers {per} of "
+            f"`{none[0]}`'s output throughput (a plain server); worst {ratio.min():.3f}.")
 
 
 def lockstep_ttft_note(levels: pd.DataFrame, config: dict) -> str:

@@ -313,6 +313,8 @@ class Controller:
                 round(self._accepted_sum / self._accepted_n, 4) if self._accepted_n else None
             ),
             "last_switch": last,
+            # What the policy believes, per batch-size bucket (goodput): why it decides as it does.
+            "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
         }
 
     def enable_prometheus(self, labels: Mapping[str, str] | None = None, registry=None) -> bool:
@@ -452,3 +454,12 @@ def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
               "every rank, the policy decides from batch size, acceptance and profile")
         ctl._use_sync(None)
     return ctl
+
+
+def _estimates(policy) -> dict | None:
+    """A policy's per-bucket estimates for /get_server_info, or None if it keeps none."""
+    est = getattr(policy, "estimates", None)
+    try:
+        return est() if callable(est) else None
+    except Exception:  # noqa: BLE001 - reporting must never break serving
+        return None

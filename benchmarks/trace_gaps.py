@@ -1,0 +1,99 @@
+"""Where a decode step's time goes, read from a torch profiler trace (Chrome JSON, .gz or not).
+
+For each trace: the GPU's busy and idle time per step, the idle gaps grouped by what the CPU was
+doing when it launched the kernel that ended each gap (the innermost SGLang/dynspec Python frame,
+when the trace was recorded with stacks), the host waits (synchronize calls and device-to-host
+copies) grouped the same way, and the kernels that take the most GPU time per step.  Two arms'
+traces side by side show what the patched plain step adds over a plain server's step.
+    python benchmarks/trace_gaps.py --steps 30 plain=DIR_OR_FILE patched-never=DIR_OR_FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import gzip
+import json
+from pathlib import Path
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+WAITS = ("Synchronize", "cudaMemcpy ", "cudaMemcpy")  # host calls that block until the GPU catches up
+
+
+def load(path: Path) -> list[dict]:
+    if path.is_dir():
+        files = sorted(path.rglob("*.trace.json*"))
+        if not files:
+            raise SystemExit(f"trace_gaps: no *.trace.json[.gz] under {path}")
+        path = max(files, key=lambda p: p.stat().st_size)  # the TP-0 scheduler's, the largest
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def frame_at(py: list[tuple[float, float, str]], starts: list[float], ts: float) -> str:
+    """The innermost sglang/dynspec Python frame running at ts (py sorted by start)."""
+    best, best_start = "?", -1.0
+    i = bisect.bisect_right(starts, ts)
+    for start, end, name in py[max(0, i - 4000):i]:
+        if start <= ts <= end and start >= best_start and ("sglang" in name or "dynspec" in name):
+            best, best_start = name, start
+    return best.split("/srt/")[-1].split("/dynspec/")[-1]
+
+
+def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0) -> dict:
+    gpu = sorted((e["ts"], e["ts"] + e["dur"], e) for e in events if e.get("cat") in GPU_CATS)
+    if not gpu:
+        raise SystemExit("trace_gaps: the trace holds no GPU events (recorded without CUDA?)")
+    launches = {e.get("args", {}).get("correlation"): e for e in events if e.get("cat") == "cuda_runtime"}
+    py = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "python_function")
+    starts = [p[0] for p in py]
+    busy, idle, end = 0.0, collections.Counter(), gpu[0][0]
+    for start, stop, e in gpu:
+        if start - end > min_gap_us:
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            where = frame_at(py, starts, launch["ts"]) if launch else "?"
+            idle[where] += start - end
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    waits = collections.Counter()
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and any(w in e["name"] for w in WAITS) and e["dur"] > 20:
+            waits[f"{e['name']} @ {frame_at(py, starts, e['ts'])}"] += e["dur"]
+    kernels = collections.Counter()
+    for _, _, e in gpu:
+        kernels[e["name"][:90]] += e["dur"]
+    span = end - gpu[0][0]
+    per = 1000.0 * steps  # us -> ms per step
+    return {"span_ms": span / per, "busy_ms": busy / per, "idle_ms": sum(idle.values()) / per,
+            "idle_by_site": {k: v / per for k, v in idle.most_common(12)},
+            "waits_by_site": {k: v / per for k, v in waits.most_common(12)},
+            "kernels": {k: v / per for k, v in kernels.most_common(15)}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, required=True, help="decode steps the traces hold")
+    ap.add_argument("--out", help="also write the summaries as JSON")
+    ap.add_argument("arms", nargs="+", metavar="NAME=PATH")
+    args = ap.parse_args()
+    summaries = {}
+    for spec in args.arms:
+        name, _, path = spec.partition("=")
+        s = summaries[name] = analyse(load(Path(path)), args.steps)
+        print(f"\n== {name}: per step {s['span_ms']:.3f} ms traced, GPU busy {s['busy_ms']:.3f} ms, "
+              f"idle {s['idle_ms']:.3f} ms")
+        for title in ("idle_by_site", "waits_by_site", "kernels"):
+            print(f"  {title} (ms per step):")
+            for k, v in s[title].items():
+                print(f"    {v:8.3f}  {k}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(summaries, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
