@@ -97,7 +97,6 @@ def test_live_needs_port_placeholder_and_launch():
     (with_(timeouts={"startup": 5}), "timeouts.startup", "unknown key"),
     (with_(concurrency=[0, 4]), "concurrency", "at least 1"),
     (with_(concurrency=[4, 4]), "concurrency", "must not repeat"),
-    (with_(concurrency=[]), "(top level)", "give concurrency levels, request_rates, or both"),
     (with_(request_rates=[0]), "request_rates.0", "greater than 0"),
     (with_(request_rates=[float("inf")]), "request_rates.0", "finite number"),
     (with_(request_rates=[2, 2.0]), "request_rates", "must not repeat"),
@@ -148,6 +147,11 @@ def test_bad_config_names_the_key(tmp_path, data, where, what):
     msg = error_of(tmp_path, data)
     assert f": {where}: " in msg, msg
     assert what in msg, msg
+
+
+def test_a_problem_of_the_whole_config_names_no_key(tmp_path):
+    msg = error_of(tmp_path, with_(concurrency=[]))
+    assert msg == f"{tmp_path / 'cfg.yaml'}: give concurrency levels, request_rates, or both"
 
 
 def test_bad_yaml_and_shapes(tmp_path):

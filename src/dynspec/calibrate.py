@@ -38,12 +38,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import Field, ValidationError, ValidationInfo, computed_field, field_validator, model_validator
+
 from dynspec.atomic import write_json
-from dynspec.model_shapes import PRESETS, ModelDims, ShapeError, resolve_shape
+from dynspec.model_shapes import PRESETS, ModelDims, resolve_shape
+from dynspec.models import Model, cli_options, validation_message
 
 if TYPE_CHECKING:
     from dynspec.random_model import StepSet
@@ -68,66 +71,82 @@ def _torch():
 
 
 
-@dataclass(frozen=True)
-class CalibrateConfig:
+class CalibrateConfig(Model):
+    """What `dynspec calibrate` measures, built from its options (config_from_args)."""
+
     shape: str
     name: str
     out: Path
     accept_length: float = 2.5
-    draft_vocab: int = 32000
-    draft_layers: int = 1
+    draft_vocab: int = Field(32000, ge=1)
+    draft_layers: int = Field(1, ge=1)
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     contexts: tuple[int, ...] = (1024,)
     tokens_per_request: tuple[int, ...] = (1, 2, 4, 8)
-    input_len: int = 1024
-    num_steps: int = 3
-    concentration: float = 10.0
-    repeats: int = 20
-    warmup: int = 5
+    input_len: int = Field(1024, ge=1)
+    num_steps: int = Field(3, ge=1)
+    concentration: float = Field(10.0, gt=0)
+    repeats: int = Field(20, ge=1)
+    warmup: int = Field(5, ge=0)
     dtype: str = "bfloat16"
     device: str = "cuda"
     cuda_graphs: bool = True
     seed: int = 0
     raw_out: Path | None = None
-    dims: ModelDims = field(init=False, compare=False)
 
-    def __post_init__(self) -> None:
-        bs = self.batch_sizes
-        if len(bs) < 2 or any(b < 1 for b in bs) or any(a >= b for a, b in zip(bs, bs[1:])):
-            raise CalibrateError(f"--batch-sizes must be at least two positive, strictly increasing integers, "
-                                 f"got {','.join(map(str, bs))}")
-        for key, values in (("context", self.contexts), ("tokens-per-request", self.tokens_per_request)):
-            if not values or any(v < 1 for v in values) or any(a >= b for a, b in zip(values, values[1:])):
-                raise CalibrateError(f"--{key} must be positive, strictly increasing integers, "
-                                     f"got {','.join(map(str, values))}")
-        if self.num_steps < 1:
-            raise CalibrateError(f"--num-steps must be at least 1, got {self.num_steps}")
+    @field_validator("batch_sizes", "contexts", "tokens_per_request")
+    @classmethod
+    def _increasing(cls, values: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        least = 2 if info.field_name == "batch_sizes" else 1  # a profile step table has two or more
+        if len(values) < least or any(v < 1 for v in values) or any(a >= b for a, b in zip(values, values[1:])):
+            raise ValueError(f"must be {'at least two ' if least == 2 else ''}positive, strictly increasing "
+                             f"integers, got {','.join(map(str, values))}")
+        return values
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, dtype: str) -> str:
+        if dtype not in DTYPES:
+            raise ValueError(f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        return dtype
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if device.split(":")[0] not in ("cuda", "cpu"):
+            raise ValueError(f"must be cuda, cuda:N or cpu, got {device!r}")
+        return device
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name.strip():
+            raise ValueError("must not be empty")
+        return name
+
+    @field_validator("out")
+    @classmethod
+    def _out(cls, out: Path) -> Path:
+        if out.suffix not in (".yaml", ".yml"):
+            raise ValueError(f"{out}: a profile is written as .yaml")
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CalibrateConfig:
+        # Checks of one option against another: their messages name both.
         if not (1.0 < self.accept_length <= 1 + self.num_steps):
-            raise CalibrateError(f"--accept-length must be in (1, {1 + self.num_steps}] for --num-steps "
-                                 f"{self.num_steps} (tokens per request per verify, bonus included), "
-                                 f"got {self.accept_length:g}")
-        for key in ("draft_vocab", "draft_layers", "input_len", "repeats"):
-            if getattr(self, key) < 1:
-                raise CalibrateError(f"--{key.replace('_', '-')} must be at least 1, got {getattr(self, key)}")
-        if self.warmup < 0:
-            raise CalibrateError(f"--warmup must be at least 0, got {self.warmup}")
-        if not self.concentration > 0:
-            raise CalibrateError(f"--concentration must be positive, got {self.concentration:g}")
-        if self.dtype not in DTYPES:
-            raise CalibrateError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.device.split(":")[0] not in ("cuda", "cpu"):
-            raise CalibrateError(f"--device must be cuda, cuda:N or cpu, got {self.device!r}")
-        if not self.name.strip():
-            raise CalibrateError("--name must not be empty")
-        if self.out.suffix not in (".yaml", ".yml"):
-            raise CalibrateError(f"{self.out}: a profile is written as .yaml")
-        try:
-            object.__setattr__(self, "dims", resolve_shape(self.shape))
-        except ShapeError as exc:
-            raise CalibrateError(str(exc)) from None
-        if self.draft_vocab > self.dims.vocab:
-            raise CalibrateError(f"--draft-vocab {self.draft_vocab} exceeds the {self.shape_name} vocabulary "
-                                 f"({self.dims.vocab})")
+            raise ValueError(f"--accept-length must be in (1, {1 + self.num_steps}] for --num-steps "
+                             f"{self.num_steps} (tokens per request per verify, bonus included), "
+                             f"got {self.accept_length:g}")
+        if self.draft_vocab > self.dims.vocab:  # dims: a bad --shape's ShapeError is a ValueError, reported as is
+            raise ValueError(f"--draft-vocab {self.draft_vocab} exceeds the {self.shape_name} vocabulary "
+                             f"({self.dims.vocab})")
+        return self
+
+    @computed_field  # recorded with the options: the shapes they resolved to
+    @cached_property
+    def dims(self) -> ModelDims:
+        return resolve_shape(self.shape)
 
     @property
     def shape_name(self) -> str:
@@ -297,8 +316,7 @@ def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m:
     dims, t = cfg.dims, cfg.verify_tokens
     graphs = cfg.cuda_graphs and device.type == "cuda"
     t_start = time.perf_counter()
-    raw: dict = {"config": {**asdict(cfg), "out": str(cfg.out), "raw_out": str(cfg.raw_path),
-                            "dims": asdict(dims)},
+    raw: dict = {"config": {**cfg.model_dump(mode="json"), "raw_out": str(cfg.raw_path)},
                  "command": command or cfg.command(), "environment": _environment(device),
                  "steps": {}, "skipped": {}, "prefill": {}}
     with torch.inference_mode():
@@ -550,15 +568,19 @@ def write_outputs(cfg: CalibrateConfig, raw: dict, profile: dict):
 
 
 def config_from_args(args) -> CalibrateConfig:
-    return CalibrateConfig(
-        shape=args.shape, accept_length=args.accept_length, name=args.name, out=Path(args.out),
-        draft_vocab=args.draft_vocab, draft_layers=args.draft_layers,
-        batch_sizes=parse_ints(args.batch_sizes, "--batch-sizes"), contexts=parse_ints(args.context, "--context"),
-        tokens_per_request=parse_ints(args.tokens_per_request, "--tokens-per-request"),
-        input_len=args.input_len, num_steps=args.num_steps,
-        concentration=args.concentration, repeats=args.repeats, warmup=args.warmup, dtype=args.dtype,
-        device=args.device, cuda_graphs=not args.no_cuda_graphs, seed=args.seed,
-        raw_out=Path(args.raw_out) if args.raw_out else None)
+    try:
+        return CalibrateConfig(
+            shape=args.shape, accept_length=args.accept_length, name=args.name, out=Path(args.out),
+            draft_vocab=args.draft_vocab, draft_layers=args.draft_layers,
+            batch_sizes=parse_ints(args.batch_sizes, "--batch-sizes"), contexts=parse_ints(args.context, "--context"),
+            tokens_per_request=parse_ints(args.tokens_per_request, "--tokens-per-request"),
+            input_len=args.input_len, num_steps=args.num_steps,
+            concentration=args.concentration, repeats=args.repeats, warmup=args.warmup, dtype=args.dtype,
+            device=args.device, cuda_graphs=not args.no_cuda_graphs, seed=args.seed,
+            raw_out=Path(args.raw_out) if args.raw_out else None)
+    except ValidationError as exc:
+        raise CalibrateError(validation_message(exc, options=cli_options(CalibrateConfig, contexts="--context",
+                                                                         cuda_graphs="--no-cuda-graphs"))) from None
 
 
 def _run(args) -> int:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from dynspec.models import StrictModel
 from dynspec.typed_yaml import parse_model, read_yaml
 
-BACKENDS = ("live", "sim", "emulate")
 SIM_ARMS = ("baseline", "eagle3", "dynamic")  # what the simulator/emulator can model; or policy:SPEC
 PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
 # What a path left for the user to fill in looks like.
@@ -72,19 +72,14 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message is one line naming the file and the key."""
 
 
-class _Strict(BaseModel):
-    # strict: YAML's true is not 1 and 1e30 is not an integer; no .inf or .nan anywhere.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class Timeouts(_Strict):
+class Timeouts(StrictModel):
     startup_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)  # a TP-8 model load plus CUDA-graph capture takes minutes
     level_s: float = Field(3600.0, gt=0, le=MAX_SECONDS)
     request_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
     shutdown_grace_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
 
 
-class Prompts(_Strict):
+class Prompts(StrictModel):
     """What a level sends (dynspec.prompts): random ids or a dataset file, and output lengths."""
 
     source: Literal["random", "jsonl", "sharegpt", "mtbench"] = "random"
@@ -112,7 +107,7 @@ class Prompts(_Strict):
         return self
 
 
-class SLO(_Strict):
+class SLO(StrictModel):
     """Service-level objectives in ms, as vLLM's --goodput ttft:X tpot:Y e2el:Z: a request is good
     when it succeeds and meets every one given."""
 
@@ -131,7 +126,7 @@ class SLO(_Strict):
         return {k.removesuffix("_ms"): v for k, v in self.model_dump().items() if v is not None}
 
 
-class Metrics(_Strict):
+class Metrics(StrictModel):
     # TTFT, TPOT, ITL and E2E at these percentiles (50, 90, 95 and 99 are always in the results;
     # others add columns); the report shows these.
     percentiles: list[float] = Field([50.0, 90.0, 95.0, 99.0], min_length=1, max_length=16)
@@ -155,14 +150,14 @@ class Metrics(_Strict):
         return v
 
 
-class Emulate(_Strict):
+class Emulate(StrictModel):
     time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)  # the emulator runs this many times faster than the profile
 
 
 DRIVERS = ("bench_serving", "dynspec")
 
 
-class BenchServing(_Strict):
+class BenchServing(StrictModel):
     """How the bench_serving driver runs `python -m sglang.bench_serving` (dynspec.sglang_bench_serving)."""
 
     python: str | None = None  # default: the arm's launch interpreter if it is one, else dynspec's
@@ -176,7 +171,7 @@ class BenchServing(_Strict):
         return shlex.split(v) if isinstance(v, str) else v
 
 
-class Arm(_Strict):
+class Arm(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)  # used in file names
     description: str = ""
     sim_arm: str = "baseline"
@@ -220,7 +215,7 @@ class Arm(_Strict):
         return "{draft_model}" in " ".join(self.launch)
 
 
-class SweepConfig(_Strict):
+class SweepConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     hardware: str = ""

@@ -45,6 +45,7 @@ from functools import lru_cache
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from dynspec.engine import Engine, Request
+from dynspec.models import Model, validation_message
 from dynspec.policy import FailSafePolicy, build_policy
 from dynspec.sim import SIM_ARMS, arm_policy_spec
 
@@ -55,10 +56,8 @@ MAX_BODY_BYTES = 32 * 1024 * 1024  # larger request bodies get 413
 GEN_THROUGHPUT_INTERVAL = 40  # decode steps per gen_throughput sample (SGLang's decode_log_interval)
 
 
-class EmulatorConfig(BaseModel):
+class EmulatorConfig(Model):
     """What the emulator runs; served at /get_server_info under dynspec_emulator."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str
     arm: str
@@ -202,15 +201,6 @@ def chat_prompt(messages: list) -> str:
             raise BadRequest(f"messages.{i}.content must be a string or a list of text parts")
         lines.append(f"{role}: {content}\n")
     return "".join(lines) + "assistant: "
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "body"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "missing":
-        return f"{loc} is required"
-    return f"{loc}: {msg}"
 
 
 def count_text_tokens(text: str) -> int:
@@ -462,7 +452,7 @@ async def _read_json(request, model: type[BaseModel]):
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise BadRequest(_first_error(exc)) from None
+        raise BadRequest(validation_message(exc)) from None
 
 
 @lru_cache(maxsize=1)
@@ -840,7 +830,7 @@ def _run(args) -> int:
                              context_length=args.context_length, max_running_requests=args.max_running_requests)
         profile = load_profile(cfg.profile)
     except ValidationError as exc:
-        print(f"{prog}: {_first_error(exc)}", file=sys.stderr)
+        print(f"{prog}: {validation_message(exc)}", file=sys.stderr)
         return 2
     except (ValueError, ProfileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

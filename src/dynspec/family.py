@@ -28,8 +28,7 @@ import math
 import random
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from dynspec.models import Model
 from dynspec.profile import Profile, ProfileError, parse_profile
 
 SHAPES = ("falling", "flat-then-falling", "never-above-1", "never-below-1")
@@ -38,10 +37,8 @@ KNOTS = (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256)
 MAX_BATCH = KNOTS[-1]
 
 
-class Member(BaseModel):
+class Member(Model):
     """One drawn machine and workload: everything its profile is built from."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int
     index: int

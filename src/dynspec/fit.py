@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from dynspec.models import Model
 from dynspec.profile import (
     Acceptance,
     Prefill,
@@ -31,11 +32,7 @@ from dynspec.profile import (
 from dynspec.typed_yaml import parse_model, read_yaml
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Target(_Strict):
+class Target(Model):
     concurrency: int = Field(ge=1)
     baseline: float | None = Field(None, gt=0)  # output tok/s
     eagle3: float | None = Field(None, gt=0)  # output tok/s
@@ -49,14 +46,14 @@ class Target(_Strict):
         return self
 
 
-class Workload(_Strict):
+class Workload(Model):
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(256, ge=1)
     num_prompts: int | None = Field(None, ge=1)  # default: max(5*C, 50), as dynspec sim
     seed: int = 0
 
 
-class FitSpec(_Strict):
+class FitSpec(Model):
     name: str
     description: str = ""
     hardware: str = ""

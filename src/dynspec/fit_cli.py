@@ -11,7 +11,7 @@ import yaml
 
 from dynspec.atomic import write_text
 from dynspec.fit import FitError, FitSpec, fit, format_table, load_fit_spec, profile_yaml
-from dynspec.typed_yaml import validation_message
+from dynspec.models import validation_message
 
 
 def _spec(args) -> FitSpec:
@@ -28,7 +28,7 @@ def _spec(args) -> FitSpec:
                              name=args.name, catch_up_fraction=args.catch_up_fraction,
                              accept_length=args.accept_length)
     except ValidationError as exc:
-        raise FitError(validation_message(f"fit spec from {args.from_run}", exc)) from None
+        raise FitError(validation_message(exc, f"fit spec from {args.from_run}")) from None
 
 
 def _run(args) -> int:

@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from dynspec.atomic import write_text
 from dynspec.config import RUN_ID, run_id_problem
 from dynspec.jsonl import read_json
+from dynspec.models import Model, validation_message
 from dynspec.paths import REPO_ROOT
 
 NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
@@ -49,10 +50,8 @@ class PipelineError(RuntimeError):
     """The pipeline cannot start or go on; the message is one line."""
 
 
-class PipelineConfig(BaseModel):
+class PipelineConfig(Model):
     """What one pipeline invocation does, every path absolute; saved as pipeline.yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: Path
     backend: Literal["sim", "emulate", "live"] = "sim"
@@ -145,8 +144,7 @@ def resolve(config: str | Path, *, backend: str | None = None, run_id: str | Non
                             reference=ref, compare_runs=others, kernel=kernel, cell_timeout_s=cell_timeout_s,
                             apply_patch=apply_patch, patch_dry_run=patch_dry_run, sglang_path=sglang_path)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise PipelineError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise PipelineError(validation_message(exc)) from None
     for d in (pc.run_dir, pc.report_dir):
         if d.is_symlink():  # --overwrite would empty whatever it points at
             raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")

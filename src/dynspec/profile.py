@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from dynspec.models import StrictModel
 from dynspec.typed_yaml import loads_yaml, parse_model, read_yaml
 
 
@@ -23,19 +24,14 @@ class ProfileError(ValueError):
     """A profile that cannot be loaded; the message names the file, key and problem."""
 
 
-class _Strict(BaseModel):
-    # strict: YAML's true is not a step count; no .inf or .nan step times or acceptance.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class Speculative(_Strict):
+class Speculative(StrictModel):
     algorithm: str = "EAGLE3"
     num_steps: int = Field(3, ge=1, le=64)
     topk: int = Field(1, ge=1)
     num_draft_tokens: int = Field(4, ge=2)
 
 
-class Acceptance(_Strict):
+class Acceptance(StrictModel):
     # SGLang's avg_spec_accept_length: tokens per request per verify, bonus token included.
     accept_length: float = Field(gt=1.0)
     # Spread across requests: per-request draft acceptance rates ~ Beta with this
@@ -48,7 +44,7 @@ class Acceptance(_Strict):
         return self.accept_length - 1.0
 
 
-class Steps(_Strict):
+class Steps(StrictModel):
     """One table of step times by batch size, measured at one context length."""
 
     # Tokens in each request's KV cache when measured; needed when a profile has several tables.
@@ -105,7 +101,7 @@ class Steps(_Strict):
         return [d + v + e for d, v, e in zip(self.draft_ms, self.verify_ms, self.extend_ms)]
 
 
-class Prefill(_Strict):
+class Prefill(StrictModel):
     fixed_ms: float = Field(5.0, ge=0)
     per_token_ms: float = Field(0.02, ge=0)
     chunk_tokens: int = Field(8192, ge=1)
@@ -114,7 +110,7 @@ class Prefill(_Strict):
         return (self.fixed_ms + self.per_token_ms * tokens) / 1000.0
 
 
-class Provenance(_Strict):
+class Provenance(StrictModel):
     kind: Literal["measured", "fitted", "derived"]
     source: str
     command: str | None = None
@@ -122,9 +118,8 @@ class Provenance(_Strict):
     assumptions: list[str] = []
 
 
-class Profile(_Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
-                              ignored_types=(cached_property,))
+class Profile(StrictModel):
+    model_config = ConfigDict(ignored_types=(cached_property,))
 
     name: str
     description: str = ""

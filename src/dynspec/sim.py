@@ -17,10 +17,11 @@ import math
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from dynspec.atomic import write_json
 from dynspec.engine import Engine
+from dynspec.models import Model, validation_message
 from dynspec.policy import PolicySpecError, build_policy
 from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
@@ -143,10 +144,8 @@ def run_sim(profile, arms: list[str], concurrencies: list[int], *, num_prompts: 
 
 # --- configuration and CLI ---------------------------------------------------------------
 
-class SimConfig(BaseModel):
+class SimConfig(Model):
     """What `dynspec sim` ran; saved beside its output."""
-
-    model_config = ConfigDict(extra="forbid")
 
     profile: str
     arms: list[str] = Field(min_length=1)
@@ -214,9 +213,7 @@ def _run(args) -> int:
                         seed=args.seed, run_id=args.run_id, out=args.out)
         profile = load_profile(cfg.profile)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        print(f"{prog}: {loc}: {err['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        print(f"{prog}: {validation_message(exc)}", file=sys.stderr)
         return 2
     except (ValueError, ProfileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from dynspec.atomic import write_text
+from dynspec.models import Model, cli_options, validation_message
 from dynspec.roles import arms_by_role
 
 TARGETS = ("sglang-adaptive", "vllm", "trtllm", "threshold")
@@ -40,10 +41,8 @@ class TuneError(ValueError):
     """A sweep that cannot be tuned on; the message is one line naming what is wrong."""
 
 
-class TuneConfig(BaseModel):
+class TuneConfig(Model):
     """What `dynspec tune` was asked, parsed once from the command line and saved beside its output."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     results: Path
     targets: tuple[Literal["sglang-adaptive", "vllm", "trtllm", "threshold"], ...] = TARGETS
@@ -435,8 +434,7 @@ def _run(args) -> int:
             run_id=args.run_id, objective=args.objective, max_batch_size=args.max_batch_size,
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        print(f"dynspec tune: --{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}",
+        print(f"dynspec tune: {validation_message(exc, options=cli_options(TuneConfig, targets='--target'))}",
               file=sys.stderr)
         return 2
     try:

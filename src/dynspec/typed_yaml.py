@@ -12,16 +12,9 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from dynspec.models import validation_message
+
 M = TypeVar("M", bound=BaseModel)
-
-
-def validation_message(src: str, exc: ValidationError) -> str:
-    """The first validation error as one line: `src: key.path: problem (and N more)`."""
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{src}: {loc}: {msg}{more}"
 
 
 # Bounds far above any real config or profile (a few hundred values, four levels deep) and far
@@ -96,4 +89,4 @@ def parse_model(model: type[M], data: object, src: str, error: type[Exception], 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise error(validation_message(src, exc)) from None
+        raise error(validation_message(exc, src)) from None
