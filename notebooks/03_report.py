@@ -26,7 +26,6 @@ run_dir = None  # a data/runs/<run-id> folder; None: the latest run in runs_dir
 runs_dir = "data/runs"
 compare_runs = []  # other run folders drawn beside this one
 reference = "data/reference/seed.csv"  # the seed's measured table; None to leave it out
-fallback_config = "configs/ci-tiny.yaml"  # simulated when runs_dir holds no run yet
 profiles = []  # profile names or paths for "By profile"; []: every shipped profile
 profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 
@@ -37,8 +36,8 @@ from IPython.display import HTML, Markdown, display
 from dynspec import cache, crossover, report
 from dynspec.paths import from_repo
 
-run_dir, runs_dir, reference, fallback_config = map(from_repo, (run_dir, runs_dir, reference, fallback_config))
-run = report.open_run(run_dir, runs_dir=runs_dir, fallback_config=fallback_config)
+run_dir, runs_dir, reference = map(from_repo, (run_dir, runs_dir, reference))
+run = report.open_run(run_dir, runs_dir=runs_dir)  # a report only reads: 02_sweep makes the run
 levels = report.level_table(run.results)
 # Compared runs appear in the throughput and speedup figures; every other number is this run's.
 others = [report.load_run(from_repo(d)) for d in compare_runs]

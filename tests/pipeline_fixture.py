@@ -1,17 +1,11 @@
-"""One end-to-end pipeline run per test session, shared by test_pipeline and test_report_browser.
-
-The pipeline runs as a user runs it (`python -m dynspec pipeline`), with papermill
-executing the real notebooks, on a tiny simulated config, into a temporary folder.
+"""The pipeline as a user runs it (`python -m dynspec pipeline`), with papermill executing the
+real notebooks, on a tiny simulated config; conftest.py's `pub` runs it once per test session.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,10 +46,8 @@ def run_pipeline(*args: str, timeout: float = 300) -> subprocess.CompletedProces
                           text=True, timeout=timeout)
 
 
-@functools.lru_cache(maxsize=1)
-def published() -> Published:
-    root = Path(tempfile.mkdtemp(prefix="dynspec-pipeline-"))
-    atexit.register(shutil.rmtree, root, True)
+def publish(root: Path) -> Published:
+    """Run the pipeline on TINY_CONFIG with everything it writes under root."""
     config = root / "tiny.yaml"
     config.write_text(TINY_CONFIG)
     runs, reports = root / "runs", root / "reports"

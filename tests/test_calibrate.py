@@ -9,13 +9,14 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from dynspec import calibrate as cal
 from dynspec import model_shapes as shapes
-from dynspec import random_model as rm
 from dynspec.cli import main
 from dynspec.profile import load_profile
+
+torch = pytest.importorskip("torch", reason="the calibrate extra: pip install -e '.[calibrate]'")
+from dynspec import random_model as rm  # noqa: E402 (it imports torch)
 
 DIMS = shapes.PRESETS["tiny"]
 F64 = torch.float64  # correctness checks in double precision: differences are bugs, not rounding

@@ -33,6 +33,16 @@ def graph() -> dict[str, set[str]]:
     return {m: imports_of(p, known) - {m, "dynspec"} for m, p in files.items()}
 
 
+def reachable(g: dict[str, set[str]], start: str) -> set[str]:
+    """Every module start imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for w in g[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -75,3 +85,12 @@ def test_the_check_finds_a_cycle_when_there_is_one():
     g = graph()
     g["dynspec.fit"] = g["dynspec.fit"] | {"dynspec.fit_cli"}  # fit_cli (and run_fit) import fit: a cycle
     assert cycles(g) == [["dynspec.fit", "dynspec.fit_cli", "dynspec.run_fit"]]
+
+
+def test_reports_only_read_runs_and_readers_start_no_servers():
+    """A report reads run folders and never runs a sweep; reading saved results never needs the
+    module that starts server processes (issue 18, item 4)."""
+    g = graph()
+    assert "dynspec.servers" in reachable(g, "dynspec.sweep")  # the walk follows imports (sweep's are lazy)
+    assert "dynspec.sweep" not in reachable(g, "dynspec.report")
+    assert "dynspec.servers" not in reachable(g, "dynspec.readers")

@@ -274,12 +274,9 @@ def argparse_of(module, argv: list[str]):
     return parser.parse_args(argv)
 
 
-def test_pipeline_report_folder_and_its_run_folder(capsys):
+def test_pipeline_report_folder_and_its_run_folder(pub, capsys):
     from dynspec.pipeline import load_settings, settings_from_data
-    from pipeline_fixture import published
 
-    pub = published()
-    assert pub.proc.returncode == 0, pub.proc.stderr[-2000:]
     argv = ["dynspec", "pipeline", "--config", str(pub.config), "--run-id", "ci-tiny", "--runs-dir", str(pub.runs),
             "--reports-dir", str(pub.reports)]
     rec = read_record(pub.report_dir / "provenance.json", "pipeline", argv, capsys)

@@ -6,15 +6,13 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-
 import pandas as pd
 import pytest
 
 from dynspec import report
 from dynspec.results import make_row, write_table
+
+pytest.importorskip("matplotlib", reason="the notebooks extra: pip install -e '.[notebooks]'").use("Agg")
 
 # Output tok/s by arm and concurrency: eagle3 pays at C<=4 and loses from C=16 on.
 THROUGHPUT = {
@@ -195,6 +193,14 @@ def test_latest_run_is_the_most_recently_written(tmp_path):
     (tmp_path / "no-results").mkdir()
     assert report.latest_run(tmp_path) == a
     assert report.latest_run(tmp_path / "missing") is None
+
+
+def test_open_run_reads_the_latest_run_and_never_makes_one(tmp_path):
+    with pytest.raises(report.ReportError, match="no runs yet .run a sweep first"):
+        report.open_run(None, runs_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    a = _write_run(tmp_path, _rows(), name="a")
+    assert report.open_run(None, runs_dir=tmp_path).run_dir == a
 
 
 def test_banner_says_simulated_from_which_profile(tmp_path):

@@ -15,8 +15,6 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from pipeline_fixture import published
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
@@ -37,13 +35,6 @@ def browser():
                                                     viewport={"width": 1300, "height": 900})
         yield ctx
         ctx.close()
-
-
-@pytest.fixture(scope="module")
-def pub():
-    p = published()
-    assert p.proc.returncode == 0, p.proc.stdout + p.proc.stderr
-    return p
 
 
 def _open(ctx, path: Path):

@@ -87,10 +87,28 @@ def test_from_run_needs_a_run_folder_and_excludes_a_spec(tmp_path, capsys):
     with pytest.raises(FitError, match="share 1 measured level"):
         run = tmp_path / "one"
         run.mkdir()
-        (run / "config.yaml").write_text(yaml.safe_dump({"arms": [{"name": "baseline"}, {"name": "eagle3"}]}))
+        (run / "config.yaml").write_text(yaml.safe_dump({"name": "one", "concurrency": [1],
+                                                          "arms": [{"name": "baseline"}, {"name": "eagle3"}]}))
         from dynspec.results import write_table
 
         rows = [{"run_id": "one", "arm": a, "concurrency": 1, "output_throughput": 10.0, "accept_length": 2.0,
                  "median_ttft_ms": 5.0, "error": ""} for a in ("baseline", "eagle3")]
         write_table(rows, run / "results.csv")
         spec_from_run(run)
+
+
+def test_the_run_config_is_read_as_a_sweep_config(run_dir, tmp_path):
+    """Defaults come from SweepConfig, and a config it refuses is one line naming the key."""
+    import shutil
+
+    from dynspec.config import SweepConfig
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    del data["input_len"]
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    assert spec_from_run(run).workload.input_len == SweepConfig.model_fields["input_len"].default
+    (run / "config.yaml").write_text(yaml.safe_dump({**data, "input_len": "long"}))
+    with pytest.raises(FitError, match=r"config.yaml: input_len") as err:
+        spec_from_run(run)
+    assert "\n" not in str(err.value)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dynspec.jsonl import read_json, read_jsonl, read_text
 from dynspec.results import make_row, percentile_label
-from dynspec.servers import dynspec_state
+from dynspec.server_info import dynspec_state
 
 
 class ReaderError(ValueError):

@@ -420,26 +420,17 @@ def _wide_many(levels: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
 
 # Words --------------------------------------------------------------------------------
 
-def open_run(run_dir: str | Path | None, *, runs_dir: str | Path = "data/runs",
-             fallback_config: str | Path | None = None) -> Run:
-    """The run to report on: run_dir, else the latest in runs_dir, else a sim run of fallback_config.
+def open_run(run_dir: str | Path | None, *, runs_dir: str | Path = "data/runs") -> Run:
+    """The run to report on: run_dir, else the latest in runs_dir.
 
-    The fallback lets the report notebook run top to bottom on a fresh checkout.
+    A report only reads runs: with none yet, the sweep (`02_sweep`, `dynspec sweep`) makes one.
     """
     if run_dir is not None:
         return load_run(run_dir)
     latest = latest_run(runs_dir)
-    if latest is not None:
-        return load_run(latest)
-    if fallback_config is None:
-        raise ReportError(f"{runs_dir}: no runs yet (run a sweep first)")
-    from dynspec.config import load_config
-    from dynspec.sweep import run_sweep
-
-    print(f"{runs_dir}: no runs yet; simulating {fallback_config} to have one")
-    res = run_sweep(load_config(fallback_config), backend="sim", runs_dir=str(runs_dir), progress=False,
-                    config_path=str(fallback_config))
-    return load_run(res.run_dir)
+    if latest is None:
+        raise ReportError(f"{runs_dir}: no runs yet (run a sweep first: notebooks/02_sweep or `dynspec sweep`)")
+    return load_run(latest)
 
 
 def wide(table: pd.DataFrame, value: str, digits: int = 2) -> pd.DataFrame:

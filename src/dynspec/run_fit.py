@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from dynspec.config import Arm, ConfigError, SweepConfig, parse_config
 from dynspec.fit import FitError, FitSpec, Target, Workload
 from dynspec.profile import Acceptance, Prefill, Speculative
 from dynspec.typed_yaml import read_yaml
@@ -22,24 +23,24 @@ _SPEC_FLAGS = {"--speculative-num-steps": "num_steps", "--speculative-eagle-topk
                "--speculative-num-draft-tokens": "num_draft_tokens"}
 
 
-def _arm(config: dict, name: str, role: str) -> dict:
-    arms = {a.get("name"): a for a in config.get("arms", [])}
-    if name not in arms:
-        raise FitError(f"no arm {name!r} in the run (arms: {', '.join(map(str, arms)) or 'none'}); "
-                       f"name the {role} arm with --{role}-arm")
-    return arms[name]
+def _arm(config: SweepConfig, name: str, role: str) -> Arm:
+    try:
+        return config.arm(name)
+    except KeyError:
+        raise FitError(f"no arm {name!r} in the run (arms: {', '.join(a.name for a in config.arms)}); "
+                       f"name the {role} arm with --{role}-arm") from None
 
 
-def speculative_of(arm: dict) -> Speculative:
+def speculative_of(arm: Arm) -> Speculative:
     """The speculative settings on the arm's launch command (SGLang's defaults where absent)."""
-    launch = [str(x) for x in arm.get("launch") or []]
+    launch = arm.launch
     found = {}
     for flag, key in _SPEC_FLAGS.items():
         if flag in launch and launch.index(flag) + 1 < len(launch):
             try:
                 found[key] = int(launch[launch.index(flag) + 1])
             except ValueError:
-                raise FitError(f"arm {arm.get('name')!r}: {flag} is not an integer") from None
+                raise FitError(f"arm {arm.name!r}: {flag} is not an integer") from None
     steps = found.get("num_steps", 3)
     return Speculative(num_steps=steps, topk=found.get("topk", 1), num_draft_tokens=found.get("num_draft_tokens", steps + 1))
 
@@ -59,9 +60,10 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
 
     if problem := wall_clock_problem(run_dir):
         raise FitError(problem)
-    config = read_yaml(config_path, FitError, "run config") or {}
-    if not isinstance(config, dict):
-        raise FitError(f"{config_path}: a run config is a YAML mapping, got {type(config).__name__}")
+    try:  # not load_config: a measured run's prompt file need not exist on this machine
+        config = parse_config(read_yaml(config_path, FitError, "run config"), str(config_path))
+    except ConfigError as exc:
+        raise FitError(str(exc)) from None
     _arm(config, baseline_arm, "baseline")
     spec_arm = _arm(config, eagle3_arm, "eagle3")
     try:
@@ -85,15 +87,16 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     if not accept_length > 1.0:
         raise FitError(f"accept length must be above 1 (tokens per request per verify, bonus included), "
                        f"got {accept_length:g}")
-    input_len, output_len = int(config.get("input_len", 1024)), int(config.get("output_len", 256))
+    input_len, output_len = config.input_len, config.output_len
     base = df[df["arm"] == baseline_arm]
     ttft = float(base[base["concurrency"] == levels[0]]["median_ttft_ms"].mean())
     if not ttft > 0:
         raise FitError(f"{results}: no time to first token for arm {baseline_arm!r} at C={levels[0]}")
     run_id = run_dir.name
+    prompts = config.num_prompts or f"max({config.prompts_per_client}C, {config.min_prompts})"
     assumptions = [
         f"workload as the run's config: {input_len} input / {output_len} output tokens, "
-        f"{config.get('num_prompts') or 'max(5C, 50)'} prompts per level, closed-loop clients",
+        f"{prompts} prompts per level, closed-loop clients",
         (f"acceptance: accept length {accept_length:.3f}, "
          + ("given on the command line" if accept_given else "the mean over the eagle3 arm's levels")
          + "; concentration 10 assumed"),
@@ -104,15 +107,15 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
          "server's (the draft catch-up; catch_up_fraction), not measured by this run"),
     ]
     return FitSpec(
-        name=name or f"{run_id}-fitted", hardware=str(config.get("hardware", "")),
+        name=name or f"{run_id}-fitted", hardware=config.hardware,
         description=f"Step times fitted to run {run_id}: arms {baseline_arm} and {eagle3_arm}.",
-        model=str(config.get("model", "")), kind="fitted",
-        source=f"dynspec run {run_id} ({config.get('backend', '?')}): {results}, arms {baseline_arm} and {eagle3_arm}",
+        model=config.model or "", kind="fitted",
+        source=f"dynspec run {run_id} ({config.backend}): {results}, arms {baseline_arm} and {eagle3_arm}",
         speculative=speculative_of(spec_arm),
         acceptance=Acceptance(accept_length=round(accept_length, 4)),
         prefill=Prefill(fixed_ms=0.0, per_token_ms=round(ttft / input_len, 6)),
-        workload=Workload(input_len=input_len, output_len=output_len, num_prompts=config.get("num_prompts"),
-                          seed=int(config.get("seed", 0))),
+        workload=Workload(input_len=input_len, output_len=output_len, num_prompts=config.num_prompts,
+                          seed=config.seed),
         targets=[Target(concurrency=int(c), baseline=round(tput[baseline_arm][c], 3),
                         eagle3=round(tput[eagle3_arm][c], 3)) for c in levels],
         catch_up_fraction=catch_up_fraction, assumptions=assumptions,

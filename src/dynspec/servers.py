@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynspec.atomic import open_append
+from dynspec.server_info import dynspec_state, server_state
 
 DYNSPEC_COUNTERS = {  # /metrics name -> /get_server_info dynspec key
     "dynspec_steps_speculative_total": "steps_spec",
@@ -114,23 +115,6 @@ def parse_prometheus(text: str) -> dict[str, float]:
         name = head.split("{", 1)[0].strip()
         out[name] = out.get(name, 0.0) + v
     return out
-
-
-def server_state(server_info: dict | None) -> dict:
-    """internal_states[0] of /get_server_info (the decode server's, when disaggregated)."""
-    info = server_info or {}
-    if isinstance(info.get("decode"), list) and info["decode"]:
-        info = info["decode"][0]  # as sglang.bench_serving reads it
-    states = info.get("internal_states") if isinstance(info, dict) else None
-    return states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-
-
-def dynspec_state(server_info: dict | None) -> dict | None:
-    """The dynspec counters a patched SGLang (or the emulator) reports, None without dynspec.
-
-    Both put them where SGLang keeps per-scheduler state: internal_states[0]["dynspec"]."""
-    block = server_state(server_info).get("dynspec")
-    return block if isinstance(block, dict) else None
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dynspec.config import ConfigError, Level, SweepConfig, bench_serving_proble
     run_id_problem
 from dynspec.jsonl import read_json
 from dynspec.results import ResultsWriter, level_key, make_row, read_rows, summarize
-from dynspec.servers import dynspec_state
+from dynspec.server_info import dynspec_state
 from dynspec.typed_yaml import read_yaml
 
 log = logging.getLogger("dynspec.sweep")
