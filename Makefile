@@ -48,9 +48,11 @@ browser:
 test: test-venv browser lint
 	$(PY) -m pytest
 
-# ruff (configured in pyproject.toml): pyflakes, pycodestyle, bugbear.
+# ruff and mypy (both configured in pyproject.toml): pyflakes, pycodestyle, bugbear; then the
+# types of the modules listed under [tool.mypy].
 lint: test-venv
 	$(PY) -m ruff check src tests benchmarks scripts notebooks
+	$(PY) -m mypy
 
 # The inner loop: everything but the tests that start real SGLang servers (about 6 minutes of them).
 test-fast: test-venv

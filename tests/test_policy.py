@@ -110,7 +110,7 @@ def test_goodput_is_not_fooled_by_one_slow_plain_step():
     policy = build_policy("goodput")
     machine = Machine(plain=ms(7.4, 0.05), spec=ms(11.6, 0.2), accepted_mean=0.0, seed=1)
     decisions = []
-    for i in range(3000):
+    for _ in range(3000):
         d = policy.decide(1)
         rec = machine.step(1, d)
         if not d and not any(x is False for x in decisions):

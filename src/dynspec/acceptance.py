@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # at run time numpy is imported where used, on first use
+    import numpy as np
 
 
-def _beta_grid(mean_rate: float, concentration: float, n: int = 6000):
+def _beta_grid(mean_rate: float, concentration: float, n: int = 6000) -> tuple[np.ndarray, np.ndarray]:
     """Points of (0, 1) and their Beta(mean_rate, concentration) probabilities.
 
     The grid is uniform in logit(x), where the density times dx = x^a (1-x)^b has no

@@ -29,10 +29,14 @@ import bisect
 import math
 import random
 from collections import deque
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dynspec.acceptance import GOLDEN, beta_quantile_table, solve_mean_rate
 from dynspec.policy import Policy, StepRecord
+
+if TYPE_CHECKING:
+    from dynspec.profile import Profile
 
 
 class Request:
@@ -43,7 +47,7 @@ class Request:
                  "aborted", "context", "spec_steps", "spec_tokens", "_random")
 
     def __init__(self, rid: int, input_len: int, output_len: int, accept_rate: float, now: float,
-                 seed: int = 0, context=None):
+                 seed: int = 0, context: Any = None):
         self.rid = rid
         self.input_len = input_len
         self.output_len = output_len
@@ -78,8 +82,8 @@ class Step(NamedTuple):
     duration: float
     batch_size: int  # requests in the step (decode) or prompt tokens (prefill)
     speculated: bool
-    emitted: list  # requests that received tokens in this step
-    finished: list  # requests that completed in this step
+    emitted: list[Request]  # requests that received tokens in this step
+    finished: list[Request]  # requests that completed in this step
     extrapolated: bool  # the profile was extrapolated for this step's batch size
 
     @property
@@ -87,16 +91,22 @@ class Step(NamedTuple):
         return self.start + self.duration
 
 
+@dataclass(slots=True, eq=False)  # eq=False: compared and hashed by identity, as before
 class EngineStats:
     """Counters over an engine's life; what /metrics, /get_server_info and sim rows report."""
 
-    __slots__ = ("steps_prefill", "steps_plain", "steps_spec", "switches", "spec_request_steps", "spec_tokens",
-                 "tokens_out", "prompt_tokens", "requests_finished", "requests_aborted", "steps_extrapolated",
-                 "busy_time")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
+    steps_prefill: int = 0
+    steps_plain: int = 0
+    steps_spec: int = 0
+    switches: int = 0
+    spec_request_steps: int = 0
+    spec_tokens: int = 0
+    tokens_out: int = 0
+    prompt_tokens: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    steps_extrapolated: int = 0
+    busy_time: float = 0.0
 
     @property
     def decode_steps(self) -> int:
@@ -115,7 +125,7 @@ class EngineStats:
 class Engine:
     """Continuous batching over a profile; `policy=None` means a server without speculation."""
 
-    def __init__(self, profile, policy: Policy | None = None, *, seed: int = 0,
+    def __init__(self, profile: Profile, policy: Policy | None = None, *, seed: int = 0,
                  max_running_requests: int | None = None, record_itl: bool = False, catch_up: bool = True):
         if max_running_requests is not None and max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
@@ -164,7 +174,7 @@ class Engine:
         c0, c1 = cdf[i - 1], cdf[i]
         return xs[i - 1] + (xs[i] - xs[i - 1]) * ((u - c0) / (c1 - c0) if c1 > c0 else 0.0)
 
-    def submit(self, input_len: int, output_len: int, *, context=None) -> Request:
+    def submit(self, input_len: int, output_len: int, *, context: Any = None) -> Request:
         """Queue a request at the current clock; it is prefilled at the next step."""
         if input_len < 1 or output_len < 1:
             raise ValueError(f"a request needs input_len >= 1 and output_len >= 1, got {input_len}, {output_len}")
@@ -229,7 +239,7 @@ class Engine:
             return self._decode()
         return None
 
-    def _emit_first(self, req: Request, t: float, finished: list) -> None:
+    def _emit_first(self, req: Request, t: float, finished: list[Request]) -> None:
         req.generated = 1
         req.first_token_time = req.last_token_time = t
         if req.output_len == 1:
@@ -308,8 +318,10 @@ class Engine:
                 req.spec_steps += 1
                 req.spec_tokens += n
                 if record:
-                    gap = (end - req.last_token_time) / n
-                    req.itls.extend([gap] * n)  # as bench_serving splits a chunk's gap
+                    itls, last = req.itls, req.last_token_time
+                    assert itls is not None and last is not None  # submit gave it a list; running: a first token
+                    gap = (end - last) / n
+                    itls.extend([gap] * n)  # as bench_serving splits a chunk's gap
                 req.last_token_time = end
                 if req.generated >= req.output_len:
                     req.finish_time = end
@@ -325,7 +337,9 @@ class Engine:
             for req in running:
                 req.generated += 1
                 if record:
-                    req.itls.append(end - req.last_token_time)
+                    itls, last = req.itls, req.last_token_time
+                    assert itls is not None and last is not None  # as in a speculative step
+                    itls.append(end - last)
                 req.last_token_time = end
                 if req.generated >= req.output_len:
                     req.finish_time = end

@@ -31,7 +31,10 @@ import bisect
 import logging
 import math
 import zlib
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+
+if TYPE_CHECKING:  # not at run time: the patched SGLang server imports this module, and it stays light
+    from dynspec.profile import Profile
 
 log = logging.getLogger("dynspec.policy")
 
@@ -389,7 +392,7 @@ class Goodput(Policy):
 
     def __init__(
         self,
-        profile=None,
+        profile: Profile | None = None,
         *,
         sync: SyncHook | None = None,
         sync_every: int = 64,
@@ -605,6 +608,7 @@ class Goodput(Policy):
         if changed:
             self._refresh(b)
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
+            assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
 
     def _fold(self, kind: int, b: int, t: float, count: float) -> None:
@@ -809,7 +813,7 @@ def _table(spec: str, body: str) -> Table:
     if not ranges:
         raise PolicySpecError(f"{spec!r}: table has no ranges")
     ranges.sort(key=lambda r: r[0])
-    expect = 1
+    expect: int | None = 1  # the next batch size to cover; None after an open-ended range
     for lo, hi, _ in ranges:
         if expect is None:
             raise PolicySpecError(f"{spec!r}: range starting at {lo} follows an open-ended range")
@@ -837,7 +841,7 @@ _GOODPUT_OPTS = {
 }
 
 
-def _goodput(spec: str, body: str, profile, sync: SyncHook | None) -> Goodput:
+def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | None) -> Goodput:
     o = _options(spec, body, _GOODPUT_OPTS) if body else {}
     if "profile" in o:
         from dynspec.profile import ProfileError, load_profile
@@ -862,7 +866,8 @@ def _goodput(spec: str, body: str, profile, sync: SyncHook | None) -> Goodput:
     return Goodput(profile, sync=sync, spec_text=spec, **kw)
 
 
-def build_policy(spec: str, *, profile=None, sync: SyncHook | None = None, initial_steps: int = 3) -> Policy:
+def build_policy(spec: str, *, profile: Profile | None = None, sync: SyncHook | None = None,
+                 initial_steps: int = 3) -> Policy:
     """Build a policy from its spec string; raise PolicySpecError naming the bad part."""
     if not isinstance(spec, str) or not spec.strip():
         raise PolicySpecError("empty policy spec (try: goodput, threshold:32, table:1-63=on,64-=off)")

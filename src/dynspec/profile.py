@@ -8,16 +8,20 @@ The format is documented in docs/PROFILES.md.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from dynspec.models import StrictModel
 from dynspec.typed_yaml import loads_yaml, parse_model, read_yaml
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
 
 class ProfileError(ValueError):
@@ -98,7 +102,9 @@ class Steps(StrictModel):
     def spec_total_ms(self) -> list[float]:
         if self.spec_ms is not None:
             return self.spec_ms
-        return [d + v + e for d, v, e in zip(self.draft_ms, self.verify_ms, self.extend_ms)]
+        draft, verify, extend = self.draft_ms, self.verify_ms, self.extend_ms
+        assert draft is not None and verify is not None and extend is not None  # _check: all parts without spec_ms
+        return [d + v + e for d, v, e in zip(draft, verify, extend)]
 
 
 class Prefill(StrictModel):
@@ -134,7 +140,7 @@ class Profile(StrictModel):
 
     @field_validator("steps", mode="before")
     @classmethod
-    def _one_table_is_a_list(cls, v):
+    def _one_table_is_a_list(cls, v: object) -> object:
         return [v] if isinstance(v, dict) else v
 
     @model_validator(mode="after")
@@ -150,12 +156,16 @@ class Profile(StrictModel):
             solve_mean_rate(self.acceptance.accept_length, self.acceptance.concentration, self.speculative.num_steps)
         except ValueError as exc:
             raise ValueError(f"acceptance: {exc}") from None
-        ctx = [t.context_len for t in self.steps]
-        if len(ctx) > 1 and (None in ctx or any(a >= b for a, b in zip(ctx, ctx[1:]))):
+        ctx = self._contexts()
+        if len(self.steps) > 1 and (len(ctx) < len(self.steps) or any(a >= b for a, b in zip(ctx, ctx[1:]))):
             raise ValueError("steps: several tables need each a context_len, strictly increasing")
         if len({t.catchup_ms is None for t in self.steps}) > 1:
             raise ValueError("steps: give catchup_ms and resume_ms in every table or in none")
         return self
+
+    def _contexts(self) -> list[int]:
+        """The tables' context lengths (each of several tables has one: _check)."""
+        return [t.context_len for t in self.steps if t.context_len is not None]
 
     # Interpolation ------------------------------------------------------------------
     @staticmethod
@@ -174,17 +184,21 @@ class Profile(StrictModel):
             return self._interp(t.batch_size, getattr(t, key), bs)
         # Between two contexts, and beyond them, linear in the context: decode reads the whole
         # KV cache, so a step's cost grows in proportion to it.
-        i = min(max(bisect.bisect_right([t.context_len for t in tables], context), 1), len(tables) - 1)
+        ctx = self._contexts()
+        i = min(max(bisect.bisect_right(ctx, context), 1), len(tables) - 1)
         a, b = tables[i - 1], tables[i]
         ya, yb = self._interp(a.batch_size, getattr(a, key), bs), self._interp(b.batch_size, getattr(b, key), bs)
-        y = ya + (yb - ya) * (context - a.context_len) / (b.context_len - a.context_len)
+        y = ya + (yb - ya) * (context - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
         return max(y, 0.5 * min(ya, yb))
 
     def extrapolates(self, bs: float, context: float | None = None) -> bool:
         """True where a time would come from beyond the measured batch sizes (or context lengths)."""
-        tables = self.steps if context is not None and len(self.steps) > 1 else self.steps[:1]
-        if len(tables) > 1 and not tables[0].context_len <= context <= tables[-1].context_len:
-            return True
+        tables = self.steps[:1]
+        if context is not None and len(self.steps) > 1:
+            tables = self.steps
+            ctx = self._contexts()
+            if not ctx[0] <= context <= ctx[-1]:
+                return True
         return any(bs > t.batch_size[-1] or bs < t.batch_size[0] for t in tables)
 
     def plain_time(self, bs: float, context: float | None = None) -> float:
@@ -239,7 +253,7 @@ _FlowNumbers.add_representer(list, lambda d, data: d.represent_sequence(
     "tag:yaml.org,2002:seq", data, flow_style=all(isinstance(x, (int, float)) for x in data)))
 
 
-def dump_profile(data: dict, comments: list[str] = ()) -> str:
+def dump_profile(data: dict, comments: Sequence[str] = ()) -> str:
     """A profile (as plain data) as YAML under `# ` comment lines; one step table as a mapping."""
     if isinstance(data.get("steps"), list) and len(data["steps"]) == 1:
         data = {**data, "steps": data["steps"][0]}
@@ -263,7 +277,7 @@ def _is_path(name_or_path: str | Path) -> bool:
     return path.suffix in (".yaml", ".yml") or path.exists()
 
 
-def _shipped(name: str | Path):
+def _shipped(name: str | Path) -> Traversable:
     res = resources.files("dynspec") / "profiles" / f"{name}.yaml"
     if not res.is_file():
         known = ", ".join(shipped_profiles()) or "none"
