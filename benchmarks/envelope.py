@@ -27,6 +27,7 @@ import sys
 import time
 
 from dynspec.crossover import LEVELS, load_profiles, simulate_envelope
+from dynspec.sim import DEFAULT_WORKLOAD
 
 TARGET = 0.97
 FAMILY_MEDIAN = 0.99  # and on the family, the median over every (member, level)
@@ -38,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", default="32", help="the static threshold shown beside (policy:threshold:N)")
     ap.add_argument("--concurrency", default=",".join(map(str, LEVELS)))
     ap.add_argument("--seeds", type=int, default=3, help="run seeds 0..N-1; ratios are the worst over them")
-    ap.add_argument("--input-len", type=int, default=1024)
-    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=DEFAULT_WORKLOAD.input_len)
+    ap.add_argument("--output-len", type=int, default=DEFAULT_WORKLOAD.output_len)
     ap.add_argument("--free-catch-up", action="store_true",
                     help="what if: switching arms' plain steps cost no more than the plain server's "
                          "(no draft-extend; Profile.catch_up_time)")

@@ -15,7 +15,7 @@ import random
 import statistics
 
 from dynspec.family import family, levels_for
-from dynspec.sim import simulate_level
+from dynspec.sim import default_num_prompts, simulate_level
 
 
 def main() -> int:
@@ -29,7 +29,7 @@ def main() -> int:
         for mode in ratios:
             rng = random.Random(m.index)
             for c in levels_for(m)[::3]:
-                n = max(5 * c, 50)
+                n = default_num_prompts(c)
                 lengths = None if mode == "fixed" else \
                     [(rng.randint(m.input_len // 2, m.input_len), rng.randint(m.output_len // 2, m.output_len))
                      for _ in range(n)]

@@ -85,3 +85,65 @@ def test_options_name_fields_as_the_command_line_writes_them():
 def test_models_imports_no_numeric_library():
     code = "import sys, dynspec.models; sys.exit(any(m in sys.modules for m in ('numpy', 'pandas', 'torch')))"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _cli_defaults(add_cli, command: str, *required: str) -> dict:
+    """The defaults of one dynspec command's options, as its parser fills them in."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers(dest="command"))
+    return vars(parser.parse_args([command, *required]))
+
+
+def test_the_workload_defaults_are_the_same_everywhere():
+    import inspect
+
+    from dynspec import calibrate, fit, sim
+    from dynspec.config import SweepConfig
+    from dynspec.models import Workload, field_default
+
+    w = Workload()
+    assert (w.input_len, w.output_len, w.prompts_per_client, w.min_prompts) == (1024, 256, 5, 50)  # as the docs say
+    for name in Workload.model_fields:
+        assert field_default(SweepConfig, name) == getattr(w, name), name
+    lengths = {"input_len": w.input_len, "output_len": w.output_len}
+    for model in (sim.SimConfig, fit.Workload):
+        assert {n: field_default(model, n) for n in lengths} == lengths, model.__name__
+    assert fit.FitSpec.model_fields["workload"].default == fit.Workload()
+    for func in (sim.simulate_level, sim.run_sim):
+        params = inspect.signature(func).parameters
+        assert {n: params[n].default for n in lengths} == lengths, func.__name__
+    args = _cli_defaults(sim.add_cli, "sim", "--profile", "p", "--concurrency", "1", "--out", "o.csv")
+    assert {n: args[n] for n in lengths} == lengths
+    assert field_default(calibrate.CalibrateConfig, "input_len") == w.input_len
+    assert _cli_defaults(calibrate.add_cli, "calibrate", "--name", "n", "--out", "o.yaml")["input_len"] == w.input_len
+
+
+def test_the_prompts_of_a_closed_loop_level():
+    from dynspec.config import SweepConfig
+    from dynspec.models import Workload
+    from dynspec.sim import default_num_prompts
+
+    levels = (1, 10, 11, 128)
+    assert [Workload().prompts_at(c) for c in levels] == [50, 50, 55, 640]  # max(5C, 50)
+    assert [default_num_prompts(c) for c in levels] == [50, 50, 55, 640]
+    assert [Workload(prompts_per_client=2, min_prompts=12).prompts_at(c) for c in (1, 6, 7)] == [12, 12, 14]
+    cfg = SweepConfig(name="w", concurrency=[1, 7], prompts_per_client=2, min_prompts=12,
+                      arms=[{"name": "a", "launch": "serve", "sim_arm": "baseline"}])
+    assert cfg.workload == Workload(prompts_per_client=2, min_prompts=12)
+    assert [cfg.prompts_for(c) for c in (1, 7)] == [12, 14]
+
+
+def test_the_simulator_arms_are_defined_once():
+    from dynspec import config, sim
+
+    assert config.SIM_ARMS is sim.SIM_ARMS == tuple(sim.ARM_POLICIES)
+
+
+def test_field_default_refuses_a_required_field():
+    from dynspec.models import field_default
+
+    assert field_default(Options, "num_steps") == 1
+    with pytest.raises(KeyError, match="Outer.name has no default"):
+        field_default(Outer, "name")

@@ -46,7 +46,7 @@ from pydantic import Field, ValidationError, ValidationInfo, computed_field, fie
 
 from dynspec.atomic import write_json
 from dynspec.model_shapes import PRESETS, ModelDims, resolve_shape
-from dynspec.models import Model, cli_options, validation_message
+from dynspec.models import Model, Workload, cli_options, field_default, validation_message
 
 if TYPE_CHECKING:
     from dynspec.random_model import StepSet
@@ -83,7 +83,7 @@ class CalibrateConfig(Model):
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     contexts: tuple[int, ...] = (1024,)
     tokens_per_request: tuple[int, ...] = (1, 2, 4, 8)
-    input_len: int = Field(1024, ge=1)
+    input_len: int = Field(field_default(Workload, "input_len"), ge=1)  # the prefill timings' prompt length
     num_steps: int = Field(3, ge=1)
     concentration: float = Field(10.0, gt=0)
     repeats: int = Field(20, ge=1)
@@ -620,7 +620,8 @@ def add_cli(sub) -> None:
                    help="tokens in each request's KV cache; comma-separated for a table per context (default 1024)")
     p.add_argument("--tokens-per-request", default="1,2,4,8",
                    help="q of the target-forward curve, comma-separated (default 1,2,4,8)")
-    p.add_argument("--input-len", type=int, default=1024, help="prompt length of the prefill timings (default 1024)")
+    p.add_argument("--input-len", type=int, default=field_default(CalibrateConfig, "input_len"),
+                   help="prompt length of the prefill timings (default %(default)s)")
     p.add_argument("--num-steps", type=int, default=3, help="EAGLE draft chain length (topk 1; default 3)")
     p.add_argument("--accept-length", type=float, default=2.5,
                    help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]; random "

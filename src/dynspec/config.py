@@ -17,10 +17,10 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from dynspec.models import StrictModel
+from dynspec.models import StrictModel, Workload, field_default
+from dynspec.sim import SIM_ARMS
 from dynspec.typed_yaml import parse_model, read_yaml
 
-SIM_ARMS = ("baseline", "eagle3", "dynamic")  # what the simulator/emulator can model; or policy:SPEC
 PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
 # What a path left for the user to fill in looks like.
 _PLACEHOLDER_PATH = re.compile(r"FILL[_ -]?ME|^/path/to/|<[^>]*>|TODO|CHANGEME", re.IGNORECASE)
@@ -231,10 +231,11 @@ class SweepConfig(StrictModel):
     max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # rate levels: cap on requests in flight
     rate_duration_s: float = Field(30.0, gt=0, le=MAX_SECONDS)  # rate levels: num_prompts default rate x this
     num_prompts: int | None = Field(None, ge=1, le=MAX_PROMPTS)  # None: max(prompts_per_client*C, min_prompts)
-    prompts_per_client: int = Field(5, ge=1, le=MAX_PROMPTS)
-    min_prompts: int = Field(50, ge=1, le=MAX_PROMPTS)
-    input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
-    output_len: int = Field(256, ge=1, le=MAX_TOKENS)
+    # The workload's defaults are Workload's (models.py), shared with `dynspec sim` and fit specs.
+    prompts_per_client: int = Field(field_default(Workload, "prompts_per_client"), ge=1, le=MAX_PROMPTS)
+    min_prompts: int = Field(field_default(Workload, "min_prompts"), ge=1, le=MAX_PROMPTS)
+    input_len: int = Field(field_default(Workload, "input_len"), ge=1, le=MAX_TOKENS)
+    output_len: int = Field(field_default(Workload, "output_len"), ge=1, le=MAX_TOKENS)
     prompts: Prompts = Prompts()
     warmup_requests: int = Field(2, ge=0, le=MAX_PROMPTS)
     repeats: int = Field(1, ge=1, le=MAX_REPEATS)
@@ -291,15 +292,21 @@ class SweepConfig(StrictModel):
         cap = self.max_concurrency or 0
         return [Level(c) for c in self.concurrency] + [Level(cap, r) for r in self.request_rates]
 
+    @property
+    def workload(self) -> Workload:
+        """The config's workload fields as a Workload."""
+        return Workload(**{name: getattr(self, name) for name in Workload.model_fields})
+
     def prompts_for(self, level: Level | int) -> int:
-        """Measured requests at one level: the config's num_prompts, else max(5*C, 50) for a
-        closed-loop level and max(rate x rate_duration_s, 50) for an open-loop one."""
+        """Measured requests at one level: the config's num_prompts, else Workload.prompts_at
+        (max(5*C, 50) by default) for a closed-loop level and max(rate x rate_duration_s, min_prompts)
+        for an open-loop one."""
         if self.num_prompts is not None:
             return self.num_prompts
         if isinstance(level, int):
             level = Level(level)
         if level.closed:
-            return max(self.prompts_per_client * level.concurrency, self.min_prompts)
+            return self.workload.prompts_at(level.concurrency)
         return max(math.ceil(level.rate * self.rate_duration_s), self.min_prompts)
 
     def result_columns(self) -> list[str]:

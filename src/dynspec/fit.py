@@ -19,7 +19,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dynspec.models import Model
+from dynspec import models
+from dynspec.models import Model, field_default
 from dynspec.profile import (
     Acceptance,
     Prefill,
@@ -47,9 +48,11 @@ class Target(Model):
 
 
 class Workload(Model):
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(256, ge=1)
-    num_prompts: int | None = Field(None, ge=1)  # default: max(5*C, 50), as dynspec sim
+    """The simulated workload of the fit: lengths default to models.Workload's, as dynspec sim."""
+
+    input_len: int = Field(field_default(models.Workload, "input_len"), ge=1)
+    output_len: int = Field(field_default(models.Workload, "output_len"), ge=1)
+    num_prompts: int | None = Field(None, ge=1)  # default: models.Workload.prompts_at, max(5*C, 50), as dynspec sim
     seed: int = 0
 
 

@@ -4,13 +4,18 @@ Every config and file model refuses unknown keys (a typo is an error, not a sile
 is frozen once parsed.  StrictModel adds what data read from files needs; Model keeps pydantic's
 conversions, for configs built from command-line values.  Every bad input is reported as one
 line, `where: key.path: problem`, by validation_message.
+
+Workload holds the defaults of the random-ids workload (prompt and output lengths, prompts per
+closed-loop level) that the sweep config, `dynspec sim`, fit specs and calibrate share: each config
+takes its defaults from here (field_default), so that every default is written once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class Model(BaseModel):
@@ -23,6 +28,29 @@ class StrictModel(Model):
     """Also strict: YAML's true is not 1 and 1e30 is not an integer; no .inf or .nan anywhere."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class Workload(Model):
+    """Requests of input_len prompt tokens generating output_len tokens; a closed-loop level of C
+    clients measures max(prompts_per_client x C, min_prompts) of them (prompts_at)."""
+
+    input_len: int = Field(1024, ge=1)
+    output_len: int = Field(256, ge=1)
+    prompts_per_client: int = Field(5, ge=1)
+    min_prompts: int = Field(50, ge=1)
+
+    def prompts_at(self, concurrency: int) -> int:
+        """Measured requests at a closed-loop level of `concurrency` clients."""
+        return max(self.prompts_per_client * concurrency, self.min_prompts)
+
+
+def field_default(model: type[BaseModel], name: str) -> Any:
+    """The default of model's field `name`: what a config or a command-line option takes from the
+    model that defines it, instead of repeating the value."""
+    field = model.model_fields[name]
+    if field.is_required():
+        raise KeyError(f"{model.__name__}.{name} has no default")
+    return field.get_default(call_default_factory=True)
 
 
 def cli_options(model: type[BaseModel], **renamed: str) -> dict[str, str]:

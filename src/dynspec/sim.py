@@ -21,12 +21,14 @@ from pydantic import Field, field_validator
 
 from dynspec.atomic import write_json
 from dynspec.engine import Engine
-from dynspec.models import Model, validation_message
+from dynspec.models import Model, Workload, field_default, validation_message
 from dynspec.policy import PolicySpecError, build_policy
 from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
-SIM_ARMS = ("baseline", "eagle3", "dynamic")
 ARM_POLICIES = {"baseline": None, "eagle3": "always", "dynamic": "goodput"}
+SIM_ARMS = tuple(ARM_POLICIES)  # what the simulator/emulator can model; or policy:SPEC
+# The workload's defaults, written once in Workload (models.py).
+DEFAULT_WORKLOAD = Workload()
 
 
 def arm_policy_spec(arm: str) -> str | None:
@@ -46,7 +48,8 @@ def arm_policy_spec(arm: str) -> str | None:
 
 
 def default_num_prompts(concurrency: int) -> int:
-    return max(5 * concurrency, 50)
+    """Requests per closed-loop level when none are given: max(5*C, 50) (Workload.prompts_at)."""
+    return DEFAULT_WORKLOAD.prompts_at(concurrency)
 
 
 def _check_level(concurrency: int, num_prompts: int, input_len: int, output_len: int) -> None:
@@ -57,8 +60,8 @@ def _check_level(concurrency: int, num_prompts: int, input_len: int, output_len:
 
 
 def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | None = None,
-                   input_len: int = 1024, output_len: int = 256, seed: int = 0,
-                   engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
+                   input_len: int = DEFAULT_WORKLOAD.input_len, output_len: int = DEFAULT_WORKLOAD.output_len,
+                   seed: int = 0, engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
                    burstiness: float = 1.0, lengths: list[tuple[int, int]] | None = None,
                    percentiles=DEFAULT_PERCENTILES, slo: dict | None = None) -> tuple[dict, list[RequestRecord]]:
     """Run one (arm, level); return the metric columns and per-request records.
@@ -113,8 +116,9 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
 
 
 def run_sim(profile, arms: list[str], concurrencies: list[int], *, num_prompts: int | None = None,
-            input_len: int = 1024, output_len: int = 256, seed: int = 0, run_id: str = "",
-            progress: bool = False, on_row=None, catch_up: bool = True) -> list[dict]:
+            input_len: int = DEFAULT_WORKLOAD.input_len, output_len: int = DEFAULT_WORKLOAD.output_len,
+            seed: int = 0, run_id: str = "", progress: bool = False, on_row=None,
+            catch_up: bool = True) -> list[dict]:
     """One results row per (arm, concurrency), in that order; on_row(row) after each."""
     specs = {arm: arm_policy_spec(arm) for arm in arms}  # refuse a bad arm before any work
     for c in concurrencies:
@@ -151,8 +155,8 @@ class SimConfig(Model):
     arms: list[str] = Field(min_length=1)
     concurrencies: list[int] = Field(min_length=1)
     num_prompts: int | None = Field(None, ge=1)
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(256, ge=1)
+    input_len: int = Field(DEFAULT_WORKLOAD.input_len, ge=1)
+    output_len: int = Field(DEFAULT_WORKLOAD.output_len, ge=1)
     seed: int = 0
     run_id: str = ""
     out: str
@@ -251,9 +255,12 @@ def add_cli(sub) -> None:
     p.add_argument("--arm", action="append",
                    help=f"an arm ({', '.join(SIM_ARMS)} or policy:SPEC); repeat for more (default: all three)")
     p.add_argument("--concurrency", required=True, help="comma-separated levels, e.g. 1,2,4,8,16,32,64,128")
-    p.add_argument("--num-prompts", type=int, default=None, help="requests per level (default max(5*C, 50))")
-    p.add_argument("--input-len", type=int, default=1024)
-    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--num-prompts", type=int, default=None, help=f"requests per level (default max({DEFAULT_WORKLOAD.prompts_per_client}*C, "
+                        f"{DEFAULT_WORKLOAD.min_prompts}))")
+    p.add_argument("--input-len", type=int, default=field_default(SimConfig, "input_len"),
+                   help="prompt tokens per request (default %(default)s)")
+    p.add_argument("--output-len", type=int, default=field_default(SimConfig, "output_len"),
+                   help="generated tokens per request (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default="")
     p.add_argument("--out", required=True, help="FILE.csv or FILE.parquet")
