@@ -18,7 +18,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from dynspec.models import StrictModel, Workload, field_default
-from dynspec.sim import SIM_ARMS
+from dynspec.roles import SIM_ARMS
 from dynspec.typed_yaml import parse_model, read_yaml
 
 PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter

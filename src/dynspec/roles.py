@@ -13,6 +13,10 @@ from typing import Literal
 Role = Literal["plain", "spec", "switching"]
 PLAIN_POLICIES = frozenset({"none", "never"})
 SPEC_POLICIES = frozenset({"always"})
+# The simulator's and emulator's named arms and the policy each runs (None: no drafter); any
+# other arm is written policy:SPEC.
+ARM_POLICIES = {"baseline": None, "eagle3": "always", "dynamic": "goodput"}
+SIM_ARMS = tuple(ARM_POLICIES)
 PLAIN_NAMES = frozenset({"baseline", "plain", "nospec", "none", "never"})
 SPEC_NAMES = frozenset({"eagle3", "eagle-3", "eagle", "spec", "always"})
 

@@ -21,12 +21,11 @@ from pydantic import Field, field_validator
 
 from dynspec.atomic import write_json
 from dynspec.engine import Engine
+from dynspec.roles import ARM_POLICIES, SIM_ARMS
 from dynspec.models import Model, Workload, field_default, validation_message
 from dynspec.policy import PolicySpecError, build_policy
 from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
-ARM_POLICIES = {"baseline": None, "eagle3": "always", "dynamic": "goodput"}
-SIM_ARMS = tuple(ARM_POLICIES)  # what the simulator/emulator can model; or policy:SPEC
 # The workload's defaults, written once in Workload (models.py).
 DEFAULT_WORKLOAD = Workload()
 
