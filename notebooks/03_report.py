@@ -170,10 +170,10 @@ if ref is not None:
 
 # %%
 shipped = crossover.load_profiles(profiles or None)
-crossover.step_cost_figure(shipped);
+report.step_cost_figure(shipped);
 
 # %%
-display(crossover.crossover_table(shipped))
+display(crossover.step_crossover_table(shipped))
 
 # %% [markdown]
 # Why, where a profile was measured with `dynspec calibrate`: the target's forward time
@@ -184,7 +184,7 @@ display(crossover.crossover_table(shipped))
 # dominates, which a verify shares across its k+1 tokens: longer contexts favour speculation.
 
 # %%
-crossover.forward_curve_figure(shipped) or display(Markdown("No profile here holds a measured forward curve."));
+report.forward_curve_figure(shipped) or display(Markdown("No profile here holds a measured forward curve."));
 
 # %% [markdown]
 # Under load, simulated (1024 in / 256 out, seed 0): at which levels EAGLE-3 beats the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynspec import crossover
+from dynspec import crossover, report
 from dynspec.profile import parse_profile
 from tests.test_policy import profile_dict
 
@@ -70,19 +70,19 @@ def test_forward_curve_figure_draws_a_line_per_q_for_measured_tables_only():
     d["steps"] = {"batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [12, 60],
                   "forward_ms": {1: [10, 20], 4: [11, 50]}}
     measured, fitted = parse_profile(d), _profile("fitted", (10, 20), (12, 60))
-    fig = crossover.forward_curve_figure([fitted, measured])
+    fig = report.forward_curve_figure([fitted, measured])
     [ax] = fig.axes
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     assert sorted(lines) == ["q=1", "q=4"]
     assert list(lines["q=4"].get_xdata()) == [4, 256] and list(lines["q=4"].get_ydata()) == [11, 50]
-    assert crossover.forward_curve_figure([fitted]) is None
+    assert report.forward_curve_figure([fitted]) is None
 
 
 def test_step_cost_figure_plots_spec_over_plain_per_profile_and_context():
     d = profile_dict()
     d["steps"] = [{"context_len": c, "batch_size": [1, 64], "plain_ms": [10, 20], "spec_ms": [12, s]}
                   for c, s in ((1024, 60), (4096, 39))]
-    fig = crossover.step_cost_figure([parse_profile(d), _profile("one", (10, 20), (30, 80))], accept_lengths=(2.0,))
+    fig = report.step_cost_figure([parse_profile(d), _profile("one", (10, 20), (30, 80))], accept_lengths=(2.0,))
     lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")}
     assert lines == {"test (context 1024)": [1.2, 3.0], "test (context 4096)": [1.2, 1.95], "one": [3.0, 4.0]}
 

@@ -329,7 +329,7 @@ def test_compared_runs_are_told_apart_by_line_style():
 
 
 def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
-    from dynspec.report import _shown
+    from dynspec.report.prose import _shown
 
     monkeypatch.chdir(tmp_path)
     assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"

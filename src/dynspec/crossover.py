@@ -1,17 +1,20 @@
 """Where speculation stops paying, profile by profile.
 
-Two views of the same question. Per step: a speculative step emits accept_length tokens
-per request and costs spec/plain plain steps, so it pays at batch b exactly while
-accept_length > spec(b) / plain(b) (`Profile.crossover_batch`). Under load: the simulator
-runs baseline, eagle3 and the dynamic policy at each concurrency, where prefill and the
-spread of acceptance across requests also count, and each arm is measured against the
-envelope max(baseline, eagle3).
+Two views of the same question (dynspec.levels names them). Per step, the *step crossover*:
+a speculative step emits accept_length tokens per request and costs spec/plain plain steps,
+so it pays at batch b exactly while accept_length > spec(b) / plain(b) (`Profile.crossover_batch`,
+`step_crossover` here, tabulated by `step_crossover_table`). Under load: the simulator runs
+baseline, eagle3 and the dynamic policy at each concurrency, where prefill and the spread of
+acceptance across requests also count, and each arm is measured against the envelope
+max(baseline, eagle3) (dynspec.levels.envelope).  The figures of these tables are the report's
+(dynspec.report.figures: step_cost_figure, forward_curve_figure).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from dynspec import levels as lv
 from dynspec.profile import Profile, load_profile, shipped_profiles
 
 ACCEPT_LENGTHS = (2.0, 2.5, 3.0)
@@ -23,21 +26,28 @@ def load_profiles(names=None) -> list[Profile]:
     return [load_profile(n) for n in (names or shipped_profiles())]
 
 
+def step_crossover(p: Profile, accept_length: float | None = None, context: float | None = None,
+                   up_to: int | None = None) -> int | None:
+    """The step crossover: the batch size from which a speculative step no longer pays at this accept
+    length and context (1: not even at batch 1; None: it pays up to `up_to`), `Profile.crossover_batch`."""
+    return p.crossover_batch(accept_length, context, up_to=up_to)
+
+
 def _crossover_cell(p: Profile, al: float, table) -> str:
     """Where it stops paying within this table's measured batch sizes, else on its extended last segment."""
     ctx, last = table.context_len, table.batch_size[-1]
-    b = p.crossover_batch(al, ctx, up_to=last)
+    b = step_crossover(p, al, ctx, up_to=last)
     if b == 1:
         return "never"
     if b is not None:
         return str(b)
-    far = p.crossover_batch(al, ctx, up_to=4 * last)  # on the last measured segment, extended
+    far = step_crossover(p, al, ctx, up_to=4 * last)  # on the last measured segment, extended
     return f"> {last} (~{far}, extrapolated)" if far else f"> {last} (> {4 * last} extrapolated)"
 
 
-def crossover_table(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS) -> pd.DataFrame:
-    """One row per profile and context: the batch size from which speculation no longer pays
-    per step, at each accept length ("never": not even at batch 1)."""
+def step_crossover_table(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS) -> pd.DataFrame:
+    """One row per profile and context: the step crossover, the batch size from which speculation no
+    longer pays per step, at each accept length ("never": not even at batch 1)."""
     rows = []
     for p in profiles:
         for t in p.steps:
@@ -50,6 +60,9 @@ def crossover_table(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS) -> p
     return pd.DataFrame(rows)
 
 
+crossover_table = step_crossover_table  # the name the notebook and tests knew it by
+
+
 def simulate_envelope(profile: Profile, levels=LEVELS, seeds: int = 1, arms=("dynamic",), **workload) -> pd.DataFrame:
     """Simulated output tok/s of baseline, eagle3 and `arms` at each level and seed, with each
     arm's ratio to max(baseline, eagle3) of the same seed: one row per (arm, level, seed)."""
@@ -59,7 +72,7 @@ def simulate_envelope(profile: Profile, levels=LEVELS, seeds: int = 1, arms=("dy
     for seed in range(seeds):
         rows += [{**r, "seed": seed} for r in run_sim(profile, [*STATIC, *arms], list(levels), seed=seed, **workload)]
     df = pd.DataFrame(rows)
-    best = df[df.arm.isin(STATIC)].groupby(["concurrency", "seed"]).output_throughput.max().rename("envelope")
+    best = lv.envelope(df, ["concurrency", "seed"], STATIC).set_index(["concurrency", "seed"])["envelope"]
     df = df.join(best, on=["concurrency", "seed"])
     df["of_envelope"] = df.output_throughput / df.envelope
     return df
@@ -96,51 +109,3 @@ def _ranges(chosen: list[int], levels) -> str:
         prev = c
     runs.append((start, prev))
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def step_cost_figure(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS):
-    """spec/plain step time against batch size, a line per profile and context; speculation pays
-    below the dotted line of its accept length."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for p in profiles:
-        for t in p.steps:
-            label = p.name + (f" (context {t.context_len})" if p.context_aware else "")
-            bs = t.batch_size
-            ax.plot(bs, [s / q for s, q in zip(t.spec_total_ms, t.plain_ms)], marker="o", ms=3, label=label)
-    for al in accept_lengths:
-        ax.axhline(al, ls=":", lw=1, color="0.4")
-        ax.annotate(f"accept length {al:g}", (1, al), xytext=(2, 2), textcoords="offset points", fontsize=8,
-                    color="0.3")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (requests in the decode step)")
-    ax.set_ylabel("speculative / plain step time")
-    ax.set_title("Speculation pays while the curve is below the accept length")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def forward_curve_figure(profiles: list[Profile]):
-    """For each measured table with a forward_ms curve: the target's forward time against the
-    tokens it processes (batch x q), a line per q. Where the lines for different q lie on one
-    curve, time depends only on the tokens, i.e. the forward is compute-bound; a verify of q=k+1
-    tokens gets there at a k+1 times smaller batch than a plain step. None when no profile has one."""
-    import matplotlib.pyplot as plt
-
-    tables = [(p, t) for p in profiles for t in p.steps if t.forward_ms]
-    if not tables:
-        return None
-    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.8), squeeze=False, sharey=True)
-    for ax, (p, t) in zip(axes[0], tables):
-        for q, ms in sorted(t.forward_ms.items()):
-            ax.plot([b * q for b in t.batch_size], ms, marker="o", ms=3, label=f"q={q}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens in the forward (batch x q)")
-        ax.set_title(f"{p.name}, context {t.context_len}", fontsize=10)
-    axes[0][0].set_ylabel("target forward, ms")
-    axes[0][-1].legend(loc="upper left", fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig

@@ -70,7 +70,13 @@ class Level:
 
     @property
     def envelope(self) -> float:
-        return max(self.baseline, self.spec)
+        """The better arm here (dynspec.levels.envelope_of); only asked of a complete level."""
+        from dynspec.levels import envelope_of
+
+        env = envelope_of(self.baseline, self.spec)
+        if env is None:
+            raise TuneError(f"C={self.concurrency}: no envelope without both arms")
+        return env
 
     @property
     def spec_wins(self) -> bool:
@@ -78,23 +84,6 @@ class Level:
 
 
 # --- reading the sweep ----------------------------------------------------------------
-
-def _usable(row) -> str | None:
-    """Why a results row cannot be used, or None when it can."""
-    if str(row["error"]).strip():
-        return f"error: {str(row['error']).strip()[:80]}"
-    try:
-        thr = float(row[METRIC])
-    except (TypeError, ValueError):
-        thr = math.nan
-    if not (math.isfinite(thr) and thr > 0):
-        return f"no {METRIC}"
-    if not (row["completed"] > 0):
-        return "no completed requests"
-    if row["failed"] > 0:
-        return f"{int(row['failed'])} failed requests"
-    return None
-
 
 def _pick_arm(df, given: str | None, want: str, role: str, flag: str) -> str:
     """The arm given, else the one arm of the wanted role (dynspec.roles: by policy, else by name)."""
@@ -114,9 +103,8 @@ def _pick_arm(df, given: str | None, want: str, role: str, flag: str) -> str:
 
 def load_levels(cfg: TuneConfig):
     """Read the sweep; return (baseline arm, spec arm, levels, notes, context)."""
-    from dynspec.results import closed_loop, read_table
-
-    from dynspec.results import wall_clock_problem
+    from dynspec.levels import unusable_reasons
+    from dynspec.results import closed_loop, read_table, wall_clock_problem
 
     if not cfg.results.is_file():
         raise TuneError(f"{cfg.results}: no such results file")
@@ -145,11 +133,11 @@ def load_levels(cfg: TuneConfig):
                         "tune one sweep at a time (--run-id)")
     notes: list[str] = []
     levels: dict[int, Level] = {}
-    for _, row in rows.iterrows():
+    reasons = unusable_reasons(rows)  # one rule of usable rows with the report (dynspec.levels)
+    for (_, row), why in zip(rows.iterrows(), reasons):
         c = int(row["concurrency"])
         lv = levels.setdefault(c, Level(c, None, None))
-        why = _usable(row)
-        if why is not None:
+        if why:
             notes.append(f"C={c}: ignored a {row['arm']} row (repeat {row['repeat']}): {why}")
             continue
         (lv.baseline_runs if row["arm"] == base else lv.spec_runs).append(float(row[METRIC]))
@@ -193,8 +181,9 @@ def choose_cutoff(levels: list[Level], objective: str) -> int:
     return best
 
 
-def crossover(levels: list[Level], cutoff: int) -> dict:
-    """Where, between measured levels, the real cutoff could lie with the same modelled result."""
+def cutoff_range(levels: list[Level], cutoff: int) -> dict:
+    """Where, between measured levels, the real cutoff could lie with the same modelled result
+    (not a crossover: dynspec.levels says which those are)."""
     cs = [lv.concurrency for lv in levels]
     above = [c for c in cs if c > cutoff]
     return {"low": cutoff, "high": (above[0] - 1) if above else None}
@@ -353,7 +342,7 @@ def tune(cfg: TuneConfig) -> dict:
         "num_steps_profile": k_profile,  # the profile (shipped name or path) num_steps was read from
         "objective": cfg.objective,
         "cutoff": cutoff,
-        "cutoff_range": crossover(complete, cutoff),
+        "cutoff_range": cutoff_range(complete, cutoff),
         "score": score(complete, cutoff, cfg.objective),
         "assumption": "running batch ~ concurrency (closed loop): at a measured level C the cutoff T gives the "
                       "speculating arm's throughput when C <= T, the plain arm's otherwise",
