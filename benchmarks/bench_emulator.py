@@ -7,7 +7,7 @@ Targets (issue 4):
              on the same profile within 5% at every concurrency.
 
 The emulator runs as `dynspec emulate` in its own process (one asyncio thread, so at
-most one core).  Agreement loads it with dynspec's own closed-loop client (dynspec.bench),
+most one core).  Agreement loads it with dynspec's own closed-loop client (dynspec.live.bench),
 as a sweep does; capacity with a leaner client that does not parse events, so that on
 this 2-core machine the server, not the client, is the bottleneck.
 
@@ -29,10 +29,10 @@ import sys
 import time
 from contextlib import contextmanager
 
-from dynspec.bench import random_prompts, run_level
-from dynspec.profile import load_profile
+from dynspec.live.bench import random_prompts, run_level
+from dynspec.sim.profile import load_profile
 from dynspec.results import summarize
-from dynspec.sim import simulate_level
+from dynspec.sim.run import simulate_level
 
 CAPACITY_TARGET = 20_000.0
 AGREEMENT_TARGET = 0.05

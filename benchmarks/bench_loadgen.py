@@ -49,7 +49,10 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def run_dynspec(url: str, args) -> dict:
-    from dynspec.bench import random_prompts, run_level
+    try:
+        from dynspec.live.bench import random_prompts, run_level
+    except ImportError:  # a --baseline-src from before the subpackages (issue 18): dynspec/bench.py
+        from dynspec.bench import random_prompts, run_level
 
     prompts = random_prompts(args.num_prompts, args.input_len, args.output_len, seed=args.seed)
     warm = random_prompts(2, args.input_len, args.output_len, seed=args.seed + 1)
@@ -79,7 +82,7 @@ def run_child(url: str, args, src: str, name: str) -> dict:
 
 
 def run_bench_serving(port: int, sglang_dir: Path, tok: Path, args, tmp: Path) -> dict:
-    from dynspec.sglang_bench_serving import bench_serving_argv, offline_env
+    from dynspec.sglang.bench_serving import bench_serving_argv, offline_env
 
     out = tmp / f"bs-{time.monotonic_ns()}.jsonl"
     argv = bench_serving_argv(host="127.0.0.1", port=port, tokenizer_dir=tok, concurrency=args.concurrency,
@@ -121,13 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.client_only:
         print(json.dumps(run_dynspec(args.client_only, args)))
         return 0
-    if args.baseline_src and not (Path(args.baseline_src) / "dynspec" / "bench.py").is_file():
-        ap.error(f"--baseline-src {args.baseline_src}: no dynspec/bench.py there")
+    if args.baseline_src and not any((Path(args.baseline_src) / "dynspec" / f).is_file()
+                                     for f in ("live/bench.py", "bench.py")):
+        ap.error(f"--baseline-src {args.baseline_src}: no dynspec/live/bench.py (or dynspec/bench.py) there")
 
     from dynspec.realsglang import wheels as sglang_wheels
 
-    from dynspec.servers import ArmServer, emulator_argv, free_port
-    from dynspec.sglang_bench_serving import build_tiny_tokenizer
+    from dynspec.live.servers import ArmServer, emulator_argv, free_port
+    from dynspec.sglang.bench_serving import build_tiny_tokenizer
 
     two_cpus = len(os.sched_getaffinity(0)) >= 2
     with tempfile.TemporaryDirectory() as d:

@@ -14,8 +14,8 @@ import argparse
 import sys
 import time
 
-from dynspec.profile import load_profile
-from dynspec.sim import SIM_ARMS, run_sim
+from dynspec.sim.profile import load_profile
+from dynspec.sim.run import SIM_ARMS, run_sim
 
 LEVELS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
 TARGET_S = 10.0

@@ -8,7 +8,7 @@ default tiers.
     .venv/bin/python benchmarks/envelope.py [--profile NAME ...] [--threshold 32] [--seeds 3]
         [--input-len 1024] [--output-len 256] [--free-catch-up] [--out FILE.csv]
 
-On generated machines instead (issue 14; dynspec.family): N members of family S, each with its
+On generated machines instead (issue 14; dynspec.analysis.family): N members of family S, each with its
 own workload, at the family's levels (bucket edges, the batch below each, and the member's
 crossover), beside what users would otherwise deploy; or one member, to reproduce it:
 
@@ -26,8 +26,8 @@ import argparse
 import sys
 import time
 
-from dynspec.crossover import LEVELS, load_profiles, simulate_envelope
-from dynspec.sim import DEFAULT_WORKLOAD
+from dynspec.analysis.crossover import LEVELS, load_profiles, simulate_envelope
+from dynspec.sim.run import DEFAULT_WORKLOAD
 
 TARGET = 0.97
 FAMILY_MEDIAN = 0.99  # and on the family, the median over every (member, level)
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="what if: switching arms' plain steps cost no more than the plain server's "
                          "(no draft-extend; Profile.catch_up_time)")
     ap.add_argument("--out", help="also write every row to this .csv/.parquet")
-    ap.add_argument("--family", type=int, metavar="N", help="run N generated profiles instead (dynspec.family)")
+    ap.add_argument("--family", type=int, metavar="N", help="run N generated profiles instead (dynspec.analysis.family)")
     ap.add_argument("--seed", type=int, default=0, help="with --family: which family")
     ap.add_argument("--family-member", metavar="S:I", help="run member I of family S alone, every arm, level by level")
     ap.add_argument("--jobs", type=int, default=1, help="with --family: members simulated in parallel")
@@ -95,7 +95,7 @@ def _distribution(ratios) -> str:
 def family_main(args) -> int:
     import pandas as pd
 
-    from dynspec.family import ARMS, member, run_member
+    from dynspec.analysis.family import ARMS, member, run_member
 
     t0, w0 = time.process_time(), time.perf_counter()
     if args.family_member:

@@ -14,8 +14,8 @@ import argparse
 import random
 import statistics
 
-from dynspec.family import family, levels_for
-from dynspec.sim import default_num_prompts, simulate_level
+from dynspec.analysis.family import family, levels_for
+from dynspec.sim.run import default_num_prompts, simulate_level
 
 
 def main() -> int:

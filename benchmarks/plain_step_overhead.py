@@ -10,7 +10,7 @@ where the new ratio exceeds --limit (default 1.015, the issue's goal) is flagged
 the exit status is 1.
 
     # from a calibrated profile (device time, measured by `dynspec calibrate`)
-    PYTHONPATH=src python benchmarks/plain_step_overhead.py --profile src/dynspec/profiles/h200-llama8b.yaml
+    PYTHONPATH=src python benchmarks/plain_step_overhead.py --profile src/dynspec/sim/profiles/h200-llama8b.yaml
     # or timing the pieces here, with calibrate's random-weight model and timer
     PYTHONPATH=src python benchmarks/plain_step_overhead.py --measure --shape llama-3.1-8b --context 1024
     PYTHONPATH=src python benchmarks/plain_step_overhead.py --measure --shape tiny --device cpu --dtype float32 \\
@@ -29,7 +29,7 @@ LIMIT = 1.015
 
 def tables_from_profile(path: str) -> tuple[str, list[dict]]:
     """(what was measured, [{context_len, batch_size, plain_ms, extend_ms, ...}]) from a profile."""
-    from dynspec.profile import load_profile
+    from dynspec.sim.profile import load_profile
 
     p = load_profile(path)
     return (f"profile {p.name} ({p.provenance.kind}: {p.hardware or 'unknown hardware'})",
@@ -40,8 +40,8 @@ def tables_by_timing(args) -> tuple[str, list[dict]]:
     """The same columns, timed here: calibrate's model, StepSet pieces and timer."""
     import torch
 
-    from dynspec import calibrate as cal
-    from dynspec.random_model import DraftHead, StepSet, TargetModel
+    from dynspec.calibrate import run as cal
+    from dynspec.calibrate.random_model import DraftHead, StepSet, TargetModel
 
     cfg = cal.CalibrateConfig(shape=args.shape, name="overhead", out=Path("overhead.yaml"),
                               batch_sizes=cal.parse_ints(args.batch_sizes, "--batch-sizes"),

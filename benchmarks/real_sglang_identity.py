@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms
 from dynspec.realsglang.tinymodels import make_models
-from dynspec.server_info import dynspec_state
+from dynspec.live.server_info import dynspec_state
 
 ARMS = [
     Arm("plain", speculative=False),

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from dynspec.cli import main as dynspec
-from dynspec.profile import ProfileError, load_profile
+from dynspec.sim.profile import ProfileError, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "to be replaced by the lead's calibrate run"  # the interim assumption's label
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("specs", nargs="*", help="fit specs (default: configs/fits/*.yaml)")
     ap.add_argument("--from", dest="source", default="h200-llama8b",
                     help="the calibrated profile, shipped name or path (default h200-llama8b)")
-    ap.add_argument("--profiles", default="src/dynspec/profiles", help="where each spec's profile is written")
+    ap.add_argument("--profiles", default="src/dynspec/sim/profiles", help="where each spec's profile is written")
     args = ap.parse_args(argv)
     try:
         src = load_profile(args.source)

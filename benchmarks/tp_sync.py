@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-import dynspec.sim as sim
+import dynspec.sim.run as sim
 from dynspec.policy import Goodput
-from dynspec.profile import load_profile, shipped_profiles
+from dynspec.sim.profile import load_profile, shipped_profiles
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
 

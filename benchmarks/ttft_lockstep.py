@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from dynspec.config import parse_config
+from dynspec.live.config import parse_config
 from dynspec.paths import REPO_ROOT
-from dynspec.report import level_table, load_run
-from dynspec.sweep import run_sweep
+from dynspec.analysis.report import level_table, load_run
+from dynspec.live.sweep import run_sweep
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ probe_torch = True  # ask torch for its CUDA build (in a subprocess)
 from IPython.display import Markdown, display
 
 from dynspec.environment import collect_environment
-from dynspec.report import environment_tables
+from dynspec.analysis.report import environment_tables
 
 env = collect_environment(probe_torch=probe_torch, check_env=probe_torch)
 machine, packages, topology = environment_tables(env)

@@ -30,8 +30,8 @@ sglang_path = None  # the site-packages (or sglang package) dir to patch; None: 
 # %%
 from IPython.display import Markdown, display
 
-from dynspec import patching
-from dynspec.report import patch_table
+from dynspec.sglang import patching
+from dynspec.analysis.report import patch_table
 
 try:
     target = patching.find_sglang(sglang_path)

@@ -34,10 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from IPython.display import Markdown, display
 
-from dynspec.config import load_config
+from dynspec.live.config import load_config
 from dynspec.paths import from_repo
-from dynspec.report import level_table, load_run
-from dynspec.sweep import run_sweep
+from dynspec.analysis.report import level_table, load_run
+from dynspec.live.sweep import run_sweep
 
 config, runs_dir = from_repo(config), from_repo(runs_dir)
 cfg = load_config(config)

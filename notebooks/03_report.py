@@ -33,7 +33,9 @@ profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from dynspec import cache, crossover, report
+from dynspec.analysis import cache
+from dynspec.analysis import crossover
+from dynspec.analysis import report
 from dynspec.paths import from_repo
 
 run_dir, runs_dir, reference = map(from_repo, (run_dir, runs_dir, reference))

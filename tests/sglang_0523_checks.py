@@ -136,7 +136,7 @@ def server(monkeypatch, tmp_path):
 # --- inert unless asked -------------------------------------------------------------------
 
 def test_unset_is_upstream(server, monkeypatch):
-    import dynspec.sglang_adaptive as sa
+    import dynspec.sglang.adaptive as sa
 
     calls = []
     monkeypatch.setattr(sa, "build_adaptive_policy", lambda *a, **k: calls.append(a))
@@ -153,7 +153,7 @@ DYN = {"1": {"candidate_steps": [0, STEPS]}}  # the config dynspec needs: buffer
 
 
 def test_env_selects_dynspec(server):
-    from dynspec.sglang_adaptive import DynspecAdaptivePolicy
+    from dynspec.sglang.adaptive import DynspecAdaptivePolicy
 
     w = server(DYN, env={"DYNSPEC_POLICY": "threshold:on=4,off=4,dwell=0"})
     params = w.adaptive_controller.params
@@ -163,7 +163,7 @@ def test_env_selects_dynspec(server):
 
 
 def test_config_key_selects_dynspec_and_wins_over_env(server):
-    from dynspec.sglang_adaptive import DynspecAdaptivePolicy
+    from dynspec.sglang.adaptive import DynspecAdaptivePolicy
 
     cfg = {"1": {"candidate_steps": [0, STEPS]}, "dynspec": {"policy": "never"}}
     w = server(cfg, env={"DYNSPEC_POLICY": "always"})
@@ -293,7 +293,7 @@ def test_server_info_reports_dynspec_only_while_it_runs(server):
 
 
 def test_tune_config_does_in_sglang_what_tune_says(tmp_path):
-    from dynspec.tune import sglang_adaptive
+    from dynspec.analysis.tune import sglang_adaptive
 
     cfg = sglang_adaptive(cutoff=16, k=STEPS, top=64)["config"]
     path = tmp_path / "tuned.json"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dynspec.atomic import write_json, write_text
+from dynspec.io.atomic import write_json, write_text
 
 
 def test_write_creates_folders_and_replaces_whole(tmp_path):
@@ -27,7 +27,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
 
 
 def test_a_planted_temp_name_or_link_is_never_written_through(tmp_path):
-    from dynspec.atomic import open_append
+    from dynspec.io.atomic import open_append
 
     outside = tmp_path / "outside.txt"
     outside.write_text("keep\n")

@@ -129,7 +129,7 @@ def test_fit_from_a_damaged_run_folder_is_one_line(corpus, tmp_path, capsys):
 def test_env_alias_bomb_is_refused_quickly(tmp_path):
     import time
 
-    from dynspec.config import ConfigError, load_config
+    from dynspec.live.config import ConfigError, load_config
 
     p = tmp_path / "bomb.yaml"
     p.write_text(ENV_BOMB)

@@ -14,7 +14,7 @@ import math
 import pytest
 from aiohttp import web
 
-from dynspec.bench import (Prompt, PromptError, file_prompts, random_prompts, read_requests, run_level_async,
+from dynspec.live.bench import (Prompt, PromptError, file_prompts, random_prompts, read_requests, run_level_async,
                            write_requests)
 from dynspec.results import summarize
 
@@ -285,7 +285,7 @@ def test_request_records_round_trip(tmp_path):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dynspec.bench import _SSEReader  # noqa: E402
+from dynspec.live.bench import _SSEReader  # noqa: E402
 from dynspec.results import RequestRecord  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""dynspec.cache: a table is computed once per inputs and code, and a broken cache only costs time."""
+"""dynspec.analysis.cache: a table is computed once per inputs and code, and a broken cache only costs time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dynspec import cache
+from dynspec.analysis import cache
 
 
 @pytest.fixture
@@ -56,16 +56,17 @@ def test_the_code_digest_changes_with_a_module_or_a_profile_and_nothing_else(tmp
     from pathlib import Path
 
     pkg = tmp_path / "dynspec"
-    shutil.copytree(Path(cache.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(cache.__file__).parents[1], pkg, ignore=shutil.ignore_patterns("__pycache__"))
     d0 = cache.tree_digest(pkg)
     assert d0 == cache.code_digest()  # the installed package's digest is this tree's
     (pkg / "__pycache__").mkdir()
-    (pkg / "__pycache__" / "engine.cpython-311.pyc").write_bytes(b"compiled")
+    (pkg / "sim" / "__pycache__").mkdir()
+    (pkg / "sim" / "__pycache__" / "engine.cpython-311.pyc").write_bytes(b"compiled")
     assert cache.tree_digest(pkg) == d0
-    with open(pkg / "engine.py", "a") as f:
+    with open(pkg / "sim" / "engine.py", "a") as f:
         f.write("# a change to the simulator\n")
     d1 = cache.tree_digest(pkg)
     assert d1 != d0
-    with open(pkg / "profiles" / "seed-blackwell.yaml", "a") as f:
+    with open(pkg / "sim" / "profiles" / "seed-blackwell.yaml", "a") as f:
         f.write("# a refit\n")
     assert cache.tree_digest(pkg) not in (d0, d1)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dynspec import calibrate as cal
-from dynspec import model_shapes as shapes
+from dynspec.calibrate import run as cal
+from dynspec.calibrate import model_shapes as shapes
 from dynspec.cli import main
-from dynspec.profile import load_profile
+from dynspec.sim.profile import load_profile
 
 torch = pytest.importorskip("torch", reason="the calibrate extra: pip install -e '.[calibrate]'")
-from dynspec import random_model as rm  # noqa: E402 (it imports torch)
+from dynspec.calibrate import random_model as rm  # noqa: E402 (it imports torch)
 
 DIMS = shapes.PRESETS["tiny"]
 F64 = torch.float64  # correctness checks in double precision: differences are bugs, not rounding
@@ -455,7 +455,7 @@ def test_the_dynspec_command_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, dynspec.cli, dynspec.calibrate; sys.exit('torch' in sys.modules)"
+    code = "import sys, dynspec.cli, dynspec.calibrate.run; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

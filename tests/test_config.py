@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynspec.config import ConfigError, check_live, load_config, parse_config, resolved_yaml
+from dynspec.live.config import ConfigError, check_live, load_config, parse_config, resolved_yaml
 from dynspec.policy import check_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def test_emulated_twin_mirrors_the_seed_config():
 
 
 def test_levels_closed_then_open_with_their_prompt_counts(tmp_path):
-    from dynspec.config import Level, parse_config
+    from dynspec.live.config import Level, parse_config
 
     cfg = parse_config({**BASE, "concurrency": [1, 8], "request_rates": [0.5, 4], "max_concurrency": 64,
                         "rate_duration_s": 20, "metrics": {"percentiles": [50, 99.9], "slo": {"ttft_ms": 200}}})

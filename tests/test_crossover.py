@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dynspec import crossover, report
-from dynspec.profile import parse_profile
+from dynspec.analysis import crossover
+from dynspec.analysis import report
+from dynspec.sim.profile import parse_profile
 from tests.test_policy import profile_dict
 
 

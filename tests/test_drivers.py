@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from dynspec.config import parse_config
+from dynspec.live.config import parse_config
 from dynspec.results import read_table
-from dynspec.sweep import run_sweep
+from dynspec.live.sweep import run_sweep
 
 # The stated tolerance: both drivers measure the same emulated server the same way (bench_serving's
 # definitions), so closed-loop throughput and median TPOT agree within 10%, median TTFT within 30%
@@ -29,7 +29,7 @@ def both_drivers(tmp_path_factory):
     missing = [m for m in ("datasets", "transformers", "tokenizers") if not _importable(m)]
     assert not missing, f"sglang.bench_serving needs {', '.join(missing)}: run `make test-venv`"
     from dynspec.realsglang import sglang_site
-    from dynspec.sglang_bench_serving import build_tiny_tokenizer
+    from dynspec.sglang.bench_serving import build_tiny_tokenizer
 
     tmp = tmp_path_factory.mktemp("drivers")
     tok = build_tiny_tokenizer(tmp / "tok")
@@ -106,7 +106,7 @@ def test_a_bench_serving_that_cannot_run_is_the_levels_error_row(tmp_path):
     ({"prompts": {"source": "jsonl", "path": "PROMPTS"}}, "prompts.source: the bench_serving driver takes"),
 ])
 def test_what_bench_serving_cannot_do_is_refused_before_anything_runs(tmp_path, changes, needle):
-    from dynspec.config import ConfigError
+    from dynspec.live.config import ConfigError
 
     if "prompts" in changes:
         (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')

@@ -21,9 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dynspec import patching
+from dynspec.sglang import patching
 from scripted_policy import Scripted
-from dynspec.sglang_hook import Controller
+from dynspec.sglang.hook import Controller
 from dynspec.realsglang.wheels import unpack
 
 import sglang_stubs

@@ -15,12 +15,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dynspec.bench import random_prompts, run_level_async
-from dynspec.emulator import chat_prompt, count_text_tokens, make_app
-from dynspec.profile import parse_profile
+from dynspec.live.bench import random_prompts, run_level_async
+from dynspec.sim.emulator import chat_prompt, count_text_tokens, make_app
+from dynspec.sim.profile import parse_profile
 from dynspec.results import summarize
-from dynspec.servers import parse_prometheus
-from dynspec.sim import simulate_level
+from dynspec.live.servers import parse_prometheus
+from dynspec.sim.run import simulate_level
 
 
 def profile(plain_ms=(2.0, 3.0), spec_ms=(3.0, 6.0), accept=2.5):

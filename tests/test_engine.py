@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from dynspec.acceptance import expected_accept_length, solve_mean_rate
-from dynspec.engine import Engine
+from dynspec.sim.acceptance import expected_accept_length, solve_mean_rate
+from dynspec.sim.engine import Engine
 from dynspec.policy import Policy, StepRecord, build_policy
-from dynspec.profile import parse_profile
+from dynspec.sim.profile import parse_profile
 
 
 def make_profile(**over):

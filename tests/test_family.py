@@ -1,4 +1,4 @@
-"""The generated profile family (dynspec.family) and the dynamic arm on a small piece of it."""
+"""The generated profile family (dynspec.analysis.family) and the dynamic arm on a small piece of it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from dynspec.family import LEVELS, SHAPES, family, levels_for, member, run_member, vllm_k0_profile
-from dynspec.profile import Profile
+from dynspec.analysis.family import LEVELS, SHAPES, family, levels_for, member, run_member, vllm_k0_profile
+from dynspec.sim.profile import Profile
 
 
 def test_members_are_reproducible_validated_profiles_of_every_shape():

@@ -1,9 +1,16 @@
 """Data flows one way: no module of dynspec imports, even lazily inside a function, a module that
-imports it back (issue 18).  Read from the source, so a cycle is found before anything runs it."""
+imports it back (issue 18).  Read from the source, so a cycle is found before anything runs it.
+
+And each subpackage keeps its own dependency rule (issue 18, item 1): dynspec.policy is standard
+library only, the SGLang hook adds only dynspec.policy, the simulator never reaches the live or
+analysis code, the live code never reaches the analysis, and only dynspec.calibrate imports torch
+when it is imported."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dynspec"
@@ -77,20 +84,154 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     g = graph()
-    assert "dynspec.engine" in g and "dynspec.acceptance" in g["dynspec.engine"]  # the scan sees imports
+    assert "dynspec.sim.engine" in g and "dynspec.sim.acceptance" in g["dynspec.sim.engine"]  # the scan sees imports
     assert cycles(g) == []
 
 
 def test_the_check_finds_a_cycle_when_there_is_one():
     g = graph()
-    g["dynspec.fit"] = g["dynspec.fit"] | {"dynspec.fit_cli"}  # fit_cli (and run_fit) import fit: a cycle
-    assert cycles(g) == [["dynspec.fit", "dynspec.fit_cli", "dynspec.run_fit"]]
+    g["dynspec.sim.fit"] = g["dynspec.sim.fit"] | {"dynspec.analysis.fit_cli"}  # fit_cli (and run_fit) import fit: a cycle
+    assert cycles(g) == [["dynspec.analysis.fit_cli", "dynspec.analysis.run_fit", "dynspec.sim.fit"]]
 
 
 def test_reports_only_read_runs_and_readers_start_no_servers():
     """A report reads run folders and never runs a sweep; reading saved results never needs the
     module that starts server processes (issue 18, item 4)."""
     g = graph()
-    assert "dynspec.servers" in reachable(g, "dynspec.sweep")  # the walk follows imports (sweep's are lazy)
-    assert "dynspec.sweep" not in reachable(g, "dynspec.report")
-    assert "dynspec.servers" not in reachable(g, "dynspec.readers")
+    assert "dynspec.live.servers" in reachable(g, "dynspec.live.sweep")  # the walk follows imports (sweep's are lazy)
+    assert "dynspec.live.sweep" not in reachable(g, "dynspec.analysis.report")
+    assert "dynspec.live.servers" not in reachable(g, "dynspec.live.readers")
+
+
+# --- the subpackages' dependency rules --------------------------------------------------------
+
+# Folders of realsglang that a real SGLang process puts on its path as top-level packages
+# (stand-ins for sgl_kernel, torchvision, flashinfer): not dynspec modules.
+OVERLAYS = ("site", "site-cpu", "site-gpu")
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def modules_of(package: str) -> list[str]:
+    out = sorted(m for m in graph() if in_package(m, package))
+    assert out, package  # the scan sees the package
+    return out
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """Every module a file imports when it is imported: its statements outside functions, and
+    outside `if TYPE_CHECKING:` blocks (dynspec or not, as written: "numpy", "dynspec.policy")."""
+    out: set[str] = set()
+
+    def walk(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                walk(node.orelse)
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            walk(ast.iter_child_nodes(node))
+
+    walk(ast.parse(path.read_text()).body)
+    return out
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module a file imports at any depth of its code (lazily inside functions too)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def path_of(module: str) -> Path:
+    files = {module_name(p): p for p in SRC.rglob("*.py")}
+    return files[module]
+
+
+def third_party(names: set[str]) -> set[str]:
+    roots = {n.split(".")[0] for n in names}
+    return {r for r in roots if r not in sys.stdlib_module_names and r != "dynspec"}
+
+
+def loaded_after_import(*modules: str) -> set[str]:
+    """The top-level packages in sys.modules after a fresh interpreter imports `modules`."""
+    code = f"import sys; import {', '.join(modules)}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    env_path = str(SRC.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+    return set(out.stdout.split())
+
+
+HEAVY = {"numpy", "pandas", "pyarrow", "pydantic", "yaml", "torch"}
+
+
+def test_policy_imports_only_the_standard_library():
+    """dynspec.policy runs inside SGLang: the standard library only.  Its one dynspec import,
+    dynspec.sim.profile, is lazy and made only when a policy is given a profile by name."""
+    for m in modules_of("dynspec.policy"):
+        path = path_of(m)
+        assert third_party(all_imports(path)) == set(), m
+        dyn = {n for n in module_level_imports(path) if n.split(".")[0] == "dynspec"}
+        assert all(in_package(n, "dynspec.policy") for n in dyn), (m, dyn)
+        lazy = {n for n in all_imports(path) if n.split(".")[0] == "dynspec"} - dyn
+        assert lazy <= {"dynspec.sim.profile"}, (m, lazy)
+    assert not HEAVY & loaded_after_import("dynspec.policy", "dynspec.policy.cli")
+
+
+def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():
+    """A patched SGLang imports dynspec.sglang_hook and dynspec.sglang_adaptive (the old paths,
+    shims of dynspec.sglang.hook and .adaptive): when imported they load the standard library and
+    dynspec.policy only, so neither numpy nor pandas nor pyarrow unless a profile is used."""
+    runtime = ["dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang_hook", "dynspec.sglang_adaptive"]
+    allowed = ("dynspec.policy", "dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang")
+    for m in runtime:
+        names = module_level_imports(path_of(m))
+        assert third_party(names) == set(), m
+        dyn = {n for n in names if n.split(".")[0] == "dynspec"}
+        assert all(n in allowed or n.startswith("dynspec.policy.") for n in dyn), (m, dyn)
+    # What a function imports lazily: Prometheus only with --enable-metrics, a profile only when named.
+    assert third_party(all_imports(path_of("dynspec.sglang.hook"))) == {"prometheus_client"}
+    loaded = loaded_after_import("dynspec.sglang_hook")
+    assert "dynspec" in loaded and not {"numpy", "pandas", "pyarrow"} & loaded
+    assert not HEAVY & loaded_after_import("dynspec.sglang_hook", "dynspec.sglang_adaptive")
+
+
+def test_the_simulator_never_reaches_live_or_analysis():
+    """Nothing under dynspec.sim imports, directly, lazily or through another module, a module of
+    dynspec.live (processes, HTTP) or dynspec.analysis (pandas, the report)."""
+    g = graph()
+    assert "dynspec.sim.profile" in reachable(g, "dynspec.sim.run")  # the walk follows imports
+    for m in modules_of("dynspec.sim"):
+        bad = {w for w in reachable(g, m) if in_package(w, "dynspec.live") or in_package(w, "dynspec.analysis")}
+        assert bad == set(), (m, bad)
+
+
+def test_live_never_reaches_analysis():
+    g = graph()
+    assert "dynspec.sim.run" in reachable(g, "dynspec.live.sweep")  # live may use the simulator
+    for m in modules_of("dynspec.live"):
+        bad = {w for w in reachable(g, m) if in_package(w, "dynspec.analysis")}
+        assert bad == set(), (m, bad)
+
+
+def test_only_calibrate_imports_torch_when_imported():
+    """torch is imported at module level only under dynspec.calibrate (random_model); elsewhere only
+    inside the functions that need it, so `dynspec --help` and the simulator never load it."""
+    torch_at_import = set()
+    for p in SRC.rglob("*.py"):
+        if p.relative_to(SRC).parts[:2] in {("realsglang", o) for o in OVERLAYS}:
+            continue  # stand-in packages a real SGLang (with torch) imports, not dynspec modules
+        if any(n == "torch" or n.startswith("torch.") for n in module_level_imports(p)):
+            torch_at_import.add(module_name(p))
+    assert "dynspec.calibrate.random_model" in torch_at_import  # the scan sees a module-level import
+    assert all(in_package(m, "dynspec.calibrate") for m in torch_at_import), torch_at_import

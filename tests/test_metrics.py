@@ -1,5 +1,5 @@
 """The results table's latency percentiles and SLO goodput, legacy files, and open-loop arrivals
-(dynspec.results, dynspec.arrivals, dynspec.sim's rate levels)."""
+(dynspec.results, dynspec.sim.arrivals, dynspec.sim.run's rate levels)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dynspec.arrivals import arrival_times
-from dynspec.profile import load_profile
+from dynspec.sim.arrivals import arrival_times
+from dynspec.sim.profile import load_profile
 from dynspec.results import (
     LEGACY_COLUMNS,
     RESULT_COLUMNS,
@@ -21,7 +21,7 @@ from dynspec.results import (
     read_table,
     summarize,
 )
-from dynspec.sim import simulate_level
+from dynspec.sim.run import simulate_level
 
 
 def rec(ttft_ms, e2e_ms, tokens, ok=True, start=0.0):

@@ -99,8 +99,10 @@ def _cli_defaults(add_cli, command: str, *required: str) -> dict:
 def test_the_workload_defaults_are_the_same_everywhere():
     import inspect
 
-    from dynspec import calibrate, fit, sim
-    from dynspec.config import SweepConfig
+    from dynspec.calibrate import run as calibrate
+    from dynspec.sim import fit
+    from dynspec.sim import run as sim
+    from dynspec.live.config import SweepConfig
     from dynspec.models import Workload, field_default
 
     w = Workload()
@@ -121,9 +123,9 @@ def test_the_workload_defaults_are_the_same_everywhere():
 
 
 def test_the_prompts_of_a_closed_loop_level():
-    from dynspec.config import SweepConfig
+    from dynspec.live.config import SweepConfig
     from dynspec.models import Workload
-    from dynspec.sim import default_num_prompts
+    from dynspec.sim.run import default_num_prompts
 
     levels = (1, 10, 11, 128)
     assert [Workload().prompts_at(c) for c in levels] == [50, 50, 55, 640]  # max(5C, 50)
@@ -136,7 +138,8 @@ def test_the_prompts_of_a_closed_loop_level():
 
 
 def test_the_simulator_arms_are_defined_once():
-    from dynspec import config, sim
+    from dynspec.live import config
+    from dynspec.sim import run as sim
 
     assert config.SIM_ARMS is sim.SIM_ARMS == tuple(sim.ARM_POLICIES)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from dynspec import patching
+from dynspec.sglang import patching
 from dynspec.cli import main
 from dynspec.policy import Policy, StepRecord
-from dynspec.sglang_adaptive import (AdaptiveSelectionError, DynspecAdaptivePolicy, build_adaptive_policy,
+from dynspec.sglang.adaptive import (AdaptiveSelectionError, DynspecAdaptivePolicy, build_adaptive_policy,
                                      selection)
-from dynspec.sglang_hook import Controller
+from dynspec.sglang.hook import Controller
 from dynspec.realsglang.wheels import unpack
 from tp_ranks import FakeAllReduce, run_ranks
 
@@ -346,7 +346,7 @@ def test_patched_sglang_0523_on_cpu(tmp_path):
     root = unpack(VERSION, tmp_path / "site")
     out = patching.do_apply(patching.find_sglang(root))
     assert out.code == 0, out.message
-    here = Path(patching.__file__).resolve().parent.parent  # the dynspec under test, not another install
+    here = Path(patching.__file__).resolve().parents[2]  # the dynspec under test, not another install
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(deps), str(root), str(here)]),
            "DYNSPEC_SGLANG_ROOT": str(root)}
     env.pop("DYNSPEC_POLICY", None)

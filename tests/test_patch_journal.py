@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec import patching
+from dynspec.sglang import patching
 
 VERSION = "9.9.9"
 UPSTREAM = {
@@ -68,7 +68,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from dynspec import patching
+    from dynspec.sglang import patching
     seen = []
     def step(label):
         seen.append(label)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec import patching
+from dynspec.sglang import patching
 from dynspec.cli import main as cli_main
 from dynspec.realsglang.wheels import unpack
 

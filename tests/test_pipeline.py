@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynspec import pipeline
-from dynspec.report import headline, load_run
+from dynspec.analysis import pipeline
+from dynspec.analysis.report import headline, load_run
 from pipeline_fixture import ROOT, TINY_CONFIG, run_pipeline
 
 nbformat = pytest.importorskip("nbformat", reason="the notebooks extra: pip install -e '.[notebooks]'")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynspec.profile import load_profile
+from dynspec.sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_refit_replaces_the_interim_shares_by_the_calibrated_ones(tmp_path, caps
     spec.parent.mkdir()
     shutil.copy(ROOT / "configs" / "fits" / "seed-blackwell.yaml", spec)
     assert refit.MARKER in spec.read_text() and "resume_fraction: 0.055" in spec.read_text()
-    before = load_profile(ROOT / "src" / "dynspec" / "profiles" / "seed-blackwell.yaml")
+    before = load_profile(ROOT / "src" / "dynspec" / "sim" / "profiles" / "seed-blackwell.yaml")
     # a profile calibrated before issue 13 is refused, and nothing is changed
     assert refit.main([str(spec), "--from", str(_profile(tmp_path, None)), "--profiles", str(tmp_path)]) == 2
     assert "has no catchup_ms" in capsys.readouterr().err and refit.MARKER in spec.read_text()

@@ -450,7 +450,7 @@ def profile_dict(plain=(10, 30), spec=(12, 36), accept_length=2.5, **over) -> di
 
 
 def make_profile(**kw):
-    from dynspec.profile import parse_profile
+    from dynspec.sim.profile import parse_profile
 
     return parse_profile(profile_dict(**kw))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dynspec.profile import ProfileError, load_profile, parse_profile, shipped_profiles
+from dynspec.sim.profile import ProfileError, load_profile, parse_profile, shipped_profiles
 from tests.test_policy import profile_dict
 
 
@@ -208,7 +208,7 @@ def test_bad_catch_up_columns_are_refused(change, message):
 
 def test_a_valid_profile_never_fails_in_the_engine():
     """What validation accepts, the engine can run: accept lengths up to the reachable edge."""
-    from dynspec.engine import Engine
+    from dynspec.sim.engine import Engine
 
     for al in (1.01, 2.0, 3.0, 3.5, 3.9, 3.99, 4.0):
         try:

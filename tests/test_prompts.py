@@ -1,4 +1,4 @@
-"""Prompt sources (dynspec.prompts): ShareGPT and MT-bench files made here, output lengths from the
+"""Prompt sources (dynspec.live.prompts): ShareGPT and MT-bench files made here, output lengths from the
 dataset, fixed or by a range ratio; nothing downloaded."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dynspec.config import parse_config
-from dynspec.prompts import PromptError, count_text_tokens, file_prompts, random_prompts
+from dynspec.live.config import parse_config
+from dynspec.live.prompts import PromptError, count_text_tokens, file_prompts, random_prompts
 
 CONVS = [
     {"id": "a", "conversations": [{"from": "human", "value": "What is a transformer?"},
@@ -41,7 +41,7 @@ def test_sharegpt_json_and_jsonl_give_first_turns_and_reply_lengths(files, tmp_p
             "Say hi": count_text_tokens("w1 w2"), "Chat style": count_text_tokens("w3 w4 w5")}
     assert {p.text: p.output_len for p in a} == want  # every usable conversation, reused in turn
     assert all(p.output_len == 99 for p in file_prompts("sharegpt", sj, 4, 99, output_lens="fixed"))
-    from dynspec.sglang_bench_serving import build_tiny_tokenizer
+    from dynspec.sglang.bench_serving import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(tmp_path / "tok", vocab_size=64)  # word-level: one token per "w<i>"
     c = file_prompts("sharegpt", sj, 3, 99, output_lens="dataset", tokenizer=str(tok))
@@ -76,8 +76,8 @@ def test_random_prompts_range_ratio_draws_both_lengths():
 
 
 def test_a_sim_sweep_sends_the_datasets_lengths_and_the_report_names_the_source(files, tmp_path):
-    from dynspec import report
-    from dynspec.sweep import run_sweep
+    from dynspec.analysis import report
+    from dynspec.live.sweep import run_sweep
 
     sj, _, _ = files
     cfg = parse_config({"name": "share", "backend": "sim", "profile": "seed-blackwell", "concurrency": [2],

@@ -20,7 +20,7 @@ from dynspec import provenance
 from dynspec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "src" / "dynspec" / "profiles"
+SHIPPED = ROOT / "src" / "dynspec" / "sim" / "profiles"
 KEYS = {"dynspec", "git", "command", "argv", "config", "profile", "outputs", "machine", "created"}
 
 
@@ -105,7 +105,7 @@ def test_without_git_the_command_still_writes_its_record(tmp_path, monkeypatch, 
 
 
 def test_config_data_of_a_dataclass_and_a_model():
-    from dynspec.tune import TuneConfig
+    from dynspec.analysis.tune import TuneConfig
 
     cfg = TuneConfig(results=Path("r.csv"), num_steps=3)
     assert provenance.config_data(cfg) == json.loads(json.dumps(cfg.model_dump(mode="json")))
@@ -122,7 +122,7 @@ def test_config_data_of_a_dataclass_and_a_model():
 # --- one test per command family -------------------------------------------------------------
 
 def test_sim(tmp_path, capsys):
-    from dynspec.sim import SimConfig
+    from dynspec.sim.run import SimConfig
 
     out = tmp_path / "r.csv"
     argv = ["sim", "--profile", "seed-blackwell", "--arm", "baseline", "--arm", "eagle3", "--concurrency", "1,2",
@@ -160,7 +160,7 @@ def sim_run(tmp_path_factory):
 
 
 def test_sweep_and_its_resumed_session(sim_run, capsys):
-    from dynspec.config import SweepConfig, load_config
+    from dynspec.live.config import SweepConfig, load_config
 
     run_dir, argv, config, profile = sim_run
     rec = read_record(run_dir / "provenance.json", "sweep", ["dynspec", *argv], capsys)
@@ -179,8 +179,8 @@ def test_sweep_and_its_resumed_session(sim_run, capsys):
 
 
 def test_fit_from_a_spec_and_from_a_run(sim_run, tmp_path, capsys):
-    from dynspec.fit import load_fit_spec
-    from dynspec.profile import load_profile
+    from dynspec.sim.fit import load_fit_spec
+    from dynspec.sim.profile import load_profile
     from test_sim import TINY_FIT_SPEC
 
     shares = renamed_profile(tmp_path, "shares")  # catch_up_from: a profile the fit reads
@@ -208,7 +208,7 @@ def test_fit_from_a_spec_and_from_a_run(sim_run, tmp_path, capsys):
 
 
 def test_tune(tmp_path, capsys):
-    from dynspec.tune import TuneConfig
+    from dynspec.analysis.tune import TuneConfig
     from test_tune import CROSS, sweep
 
     results = sweep(tmp_path / "r.csv", CROSS, profile="seed-blackwell")
@@ -228,7 +228,7 @@ def test_tune(tmp_path, capsys):
 
 
 def test_import_results(tmp_path, capsys):
-    from dynspec.readers import ImportConfig
+    from dynspec.live.readers import ImportConfig
     from test_readers import VLLM_RESULT
 
     src = tmp_path / "vllm-c16.json"
@@ -245,8 +245,8 @@ def test_import_results(tmp_path, capsys):
 
 def test_calibrate(tmp_path, capsys):
     pytest.importorskip("torch")
-    from dynspec import calibrate as cal
-    from dynspec.profile import load_profile
+    from dynspec.calibrate import run as cal
+    from dynspec.sim.profile import load_profile
 
     out = tmp_path / "tiny-cpu.yaml"
     argv = ["calibrate", "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--draft-vocab", "100",
@@ -275,7 +275,7 @@ def argparse_of(module, argv: list[str]):
 
 
 def test_pipeline_report_folder_and_its_run_folder(pub, capsys):
-    from dynspec.pipeline import load_settings, settings_from_data
+    from dynspec.analysis.pipeline import load_settings, settings_from_data
 
     argv = ["dynspec", "pipeline", "--config", str(pub.config), "--run-id", "ci-tiny", "--runs-dir", str(pub.runs),
             "--reports-dir", str(pub.reports)]
@@ -290,7 +290,7 @@ def test_pipeline_report_folder_and_its_run_folder(pub, capsys):
 
 def test_report(sim_run, tmp_path, monkeypatch, capsys):
     """`dynspec report` writes its record before any notebook runs (the notebook is stubbed to fail here)."""
-    from dynspec import pipeline
+    from dynspec.analysis import pipeline
 
     def fail(pc, name, log_output=False):
         raise pipeline.NotebookFailed(name, pc.report_dir / f"{name}.ipynb", RuntimeError("not run in this test"))

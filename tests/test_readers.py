@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.readers import ReaderError, read_bench_serving, read_external, read_vllm_bench
+from dynspec.live.readers import ReaderError, read_bench_serving, read_external, read_vllm_bench
 from dynspec.results import RESULT_COLUMNS, read_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,8 +29,8 @@ def bench_serving_jsonl(tmp_path_factory) -> tuple[Path, dict]:
                if importlib.util.find_spec(m) is None]
     assert not missing, (f"sglang.bench_serving needs {', '.join(missing)}: run `make venv` "
                          f"(requirements/sglang-cpu.txt and requirements/bench-serving.txt)")
-    from dynspec.servers import ArmServer, emulator_argv, free_port
-    from dynspec.sglang_bench_serving import bench_serving_argv, build_tiny_tokenizer, run_bench_serving
+    from dynspec.live.servers import ArmServer, emulator_argv, free_port
+    from dynspec.sglang.bench_serving import bench_serving_argv, build_tiny_tokenizer, run_bench_serving
 
     tmp = tmp_path_factory.mktemp("bench_serving")
     sglang_dir = sglang_wheels.unpack("0.5.9", tmp / "site")

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 from dynspec import realsglang  # noqa: E402
 from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
-from dynspec.server_info import dynspec_state  # noqa: E402
+from dynspec.live.server_info import dynspec_state  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
 N_PROMPTS = 4

@@ -1,4 +1,4 @@
-"""dynspec.report on synthetic results whose right answers are known by construction."""
+"""dynspec.analysis.report on synthetic results whose right answers are known by construction."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dynspec import report
+from dynspec.analysis import report
 from dynspec.results import make_row, write_table
 
 pytest.importorskip("matplotlib", reason="the notebooks extra: pip install -e '.[notebooks]'").use("Agg")
@@ -304,7 +304,7 @@ def test_environment_tables_say_plainly_when_there_is_no_gpu():
 
 
 def test_patch_table_counts_each_files_changes():
-    from dynspec.patching import FilePatch, Hunk, PatchSet
+    from dynspec.sglang.patching import FilePatch, Hunk, PatchSet
 
     h = Hunk(1, 2, 1, 3, [(" ", "a\n"), ("-", "b\n"), ("+", "c\n"), ("+", "d\n")])
     ps = PatchSet("0.5.9", Path("."), [("0001-x.patch", [FilePatch("sglang/x.py", [h, h])])], {})
@@ -329,7 +329,7 @@ def test_compared_runs_are_told_apart_by_line_style():
 
 
 def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
-    from dynspec.report.prose import _shown
+    from dynspec.analysis.report.prose import _shown
 
     monkeypatch.chdir(tmp_path)
     assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"
@@ -342,7 +342,7 @@ def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
 
 
 def test_banner_states_the_profiles_catch_up_cost():
-    from dynspec.profile import load_profile
+    from dynspec.sim.profile import load_profile
 
     note = report.catch_up_note("seed-blackwell")
     p = load_profile("seed-blackwell")
@@ -460,8 +460,8 @@ def report_ticks(ax):
 
 
 def test_percentiles_goodput_rates_and_prompt_source_reach_the_report(tmp_path):
-    from dynspec.config import parse_config
-    from dynspec.sweep import run_sweep
+    from dynspec.live.config import parse_config
+    from dynspec.live.sweep import run_sweep
 
     cfg = parse_config({
         "name": "metrics", "backend": "sim", "profile": "seed-blackwell", "concurrency": [1, 8],

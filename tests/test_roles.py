@@ -17,7 +17,8 @@ def test_the_policy_decides_and_the_name_only_without_one():
 
 
 def test_report_and_tune_agree_on_the_roles():
-    from dynspec import report, tune
+    from dynspec.analysis import report
+    from dynspec.analysis import tune
 
     df = pd.DataFrame({"arm": ["plain-srv", "spec-srv", "dyn"], "policy": ["never", "always", "goodput"],
                        "concurrency": [1, 1, 1]})

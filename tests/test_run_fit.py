@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from dynspec.cli import main
-from dynspec.fit import FitError
-from dynspec.profile import load_profile
-from dynspec.run_fit import spec_from_run
-from dynspec.sweep import run_sweep
+from dynspec.sim.fit import FitError
+from dynspec.sim.profile import load_profile
+from dynspec.analysis.run_fit import spec_from_run
+from dynspec.live.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def run_dir(tmp_path_factory):
                                  "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
     cfg = tmp / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    from dynspec.config import load_config
+    from dynspec.live.config import load_config
 
     result = run_sweep(load_config(cfg), run_id="measured", runs_dir=tmp / "runs", progress=False, backend="sim")
     assert not result.failed
@@ -101,7 +101,7 @@ def test_the_run_config_is_read_as_a_sweep_config(run_dir, tmp_path):
     """Defaults come from SweepConfig, and a config it refuses is one line naming the key."""
     import shutil
 
-    from dynspec.config import SweepConfig
+    from dynspec.live.config import SweepConfig
 
     run = shutil.copytree(run_dir, tmp_path / "run")
     data = yaml.safe_load((run / "config.yaml").read_text())

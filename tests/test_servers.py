@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dynspec.servers import (ArmServer, ServerError, Snapshot, emulator_argv, fill_placeholders, free_port,
+from dynspec.live.servers import (ArmServer, ServerError, Snapshot, emulator_argv, fill_placeholders, free_port,
                              level_counters, parse_prometheus)
 
 PY = sys.executable
@@ -187,7 +187,7 @@ def test_quiet_ports_are_free_distinct_and_outside_the_ephemeral_range(monkeypat
     import random
     import socket
 
-    from dynspec import servers
+    from dynspec.live import servers
 
     ports = [servers.quiet_port() for _ in range(20)]
     assert len(set(ports)) == 20 and all(20000 <= p < 32000 for p in ports)

@@ -1,4 +1,4 @@
-"""dynspec.sglang_hook: what the patched SGLang imports (no SGLang or torch needed here)."""
+"""dynspec.sglang.hook: what the patched SGLang imports (no SGLang or torch needed here)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from dynspec.policy import FailSafePolicy, Goodput, Policy, build_policy
 from scripted_policy import Scripted
 from tp_ranks import FakeAllReduce, run_ranks
-from dynspec.sglang_hook import Controller, load_controller, plain_cuda_graph_enabled
+from dynspec.sglang.hook import Controller, load_controller, plain_cuda_graph_enabled
 
 
 class Clock:
@@ -24,7 +24,7 @@ class Clock:
 
 
 def test_hook_imports_nothing_heavy():
-    code = ("import sys, dynspec.sglang_hook; heavy = [m for m in ('torch', 'numpy', 'pydantic', 'yaml', "
+    code = ("import sys, dynspec.sglang.hook; heavy = [m for m in ('torch', 'numpy', 'pydantic', 'yaml', "
             "'sglang', 'prometheus_client') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from dynspec.cli import main
-from dynspec.fit import FitError, fit, load_fit_spec
-from dynspec.profile import load_profile, parse_profile, shipped_profiles
+from dynspec.sim.fit import FitError, fit, load_fit_spec
+from dynspec.sim.profile import load_profile, parse_profile, shipped_profiles
 from dynspec.results import RESULT_COLUMNS, read_table
-from dynspec.sim import SIM_ARMS, arm_policy_spec, default_num_prompts, run_sim, simulate_level
+from dynspec.sim.run import SIM_ARMS, arm_policy_spec, default_num_prompts, run_sim, simulate_level
 
 
 def crossover_profile():

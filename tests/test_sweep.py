@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dynspec.config import ConfigError, load_config, parse_config
+from dynspec.live.config import ConfigError, load_config, parse_config
 from dynspec.results import RESULT_COLUMNS, read_table
-from dynspec.sweep import SweepError, level_seed, run_sweep
+from dynspec.live.sweep import SweepError, level_seed, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CI_TINY = ROOT / "configs" / "ci-tiny.yaml"
@@ -122,7 +122,7 @@ def test_server_killed_mid_level_keeps_measured_rows_and_moves_on(tmp_path):
     def killer():
         # Once the first level's row is on disk and the server holds the second level's
         # requests (it says so on /metrics), kill it: mid-level, for sure.
-        from dynspec.servers import parse_prometheus
+        from dynspec.live.servers import parse_prometheus
 
         t0 = time.monotonic()
         while time.monotonic() - t0 < 60:
@@ -251,8 +251,8 @@ def test_live_backend_server_that_never_gets_healthy_and_a_level_timeout(tmp_pat
 
 
 def test_sim_backend_writes_the_same_run_folder(tmp_path):
-    from dynspec.profile import load_profile
-    from dynspec.sim import simulate_level
+    from dynspec.sim.profile import load_profile
+    from dynspec.sim.run import simulate_level
 
     cfg = load_config(CI_TINY)
     res = run_sweep(cfg, backend="sim", run_id="s", runs_dir=tmp_path, progress=False)
@@ -333,7 +333,7 @@ def test_a_server_answering_health_with_non_http_is_a_failure_row_and_the_sweep_
 
 
 def test_a_failure_while_measuring_a_level_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    from dynspec import sweep
+    from dynspec.live import sweep
 
     calls = []
 
@@ -428,7 +428,7 @@ def test_resume_refuses_a_run_folder_holding_a_link(tmp_path, capsys, link):
 
 
 def test_a_server_log_that_is_a_link_is_not_written_through(tmp_path):
-    from dynspec.servers import ArmServer
+    from dynspec.live.servers import ArmServer
 
     outside = tmp_path / "outside.txt"
     outside.write_text("keep\n")
@@ -510,7 +510,9 @@ def test_an_emulated_run_writes_the_profiles_clock_whatever_its_time_scale(tmp_p
 
 
 def test_an_old_wall_clock_emulated_run_is_refused_by_fit_and_tune_and_not_drawn_beside_the_seed(tmp_path):
-    from dynspec import report, run_fit, tune
+    from dynspec.analysis import report
+    from dynspec.analysis import run_fit
+    from dynspec.analysis import tune
     from dynspec.results import wall_clock_problem
 
     cfg = load_config(cfg_file(tmp_path, num_prompts=8, output_len=16, concurrency=[1, 2],

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dynspec.cli import main
 from dynspec.policy import build_policy
 from dynspec.results import write_table
-from dynspec.tune import Level, TuneConfig, TuneError, choose_cutoff, score, tune
+from dynspec.analysis.tune import Level, TuneConfig, TuneError, choose_cutoff, score, tune
 
 
 def sweep(path: Path, arms: dict[str, dict[int, float]], *, policies=None, profile="", extra=()) -> Path:
@@ -226,8 +226,8 @@ def test_on_a_real_simulated_sweep(tmp_path):
     """A `dynspec sweep --backend sim` run with a profile whose crossover lies inside the levels."""
     import yaml
 
-    from dynspec.config import load_config
-    from dynspec.sweep import run_sweep
+    from dynspec.live.config import load_config
+    from dynspec.live.sweep import run_sweep
 
     profile = {
         "name": "crossing", "hardware": "synthetic", "provenance": {"kind": "derived", "source": "test_tune"},

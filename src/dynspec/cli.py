@@ -11,16 +11,16 @@ import importlib
 import sys
 
 COMMANDS = [
-    "dynspec.policy_cli",
-    "dynspec.tune",
-    "dynspec.sim",
-    "dynspec.fit_cli",
-    "dynspec.emulator",
-    "dynspec.sweep",
-    "dynspec.readers",
-    "dynspec.patching",
-    "dynspec.pipeline",
-    "dynspec.calibrate",
+    "dynspec.policy.cli",
+    "dynspec.analysis.tune",
+    "dynspec.sim.run",
+    "dynspec.analysis.fit_cli",
+    "dynspec.sim.emulator",
+    "dynspec.live.sweep",
+    "dynspec.live.readers",
+    "dynspec.sglang.patching",
+    "dynspec.analysis.pipeline",
+    "dynspec.calibrate.run",
 ]
 
 

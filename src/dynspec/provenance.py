@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from dynspec.atomic import write_json
+from dynspec.io.atomic import write_json
 from dynspec.paths import REPO_ROOT
 
 FILE_NAME = "provenance.json"
@@ -85,7 +85,7 @@ def sha256_of(data: bytes) -> str:
 def profile_ref(name_or_path: str | Path) -> dict:
     """A profile as a record names it: its name, the name or path it was given as, and the hash of
     the bytes that were loaded (a shipped profile's file inside the package, or the file at the path)."""
-    from dynspec.profile import load_profile, profile_bytes
+    from dynspec.sim.profile import load_profile, profile_bytes
 
     return {"name": load_profile(name_or_path).name, "source": str(name_or_path),
             "sha256": sha256_of(profile_bytes(name_or_path))}

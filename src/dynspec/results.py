@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from dynspec.atomic import open_append, write_text
+from dynspec.io.atomic import open_append, write_text
 
 # Percentiles every results file carries (TTFT, TPOT, ITL, E2E): 50 is the "median" column.
 # A config may ask for more; each adds its own columns after these (extra_columns).
@@ -259,7 +259,7 @@ def _row_problem(record: list[str], header: list[str]) -> str:
 
 
 def _read(path: Path) -> tuple[list[dict], bool, list[str]]:
-    from dynspec.jsonl import read_text
+    from dynspec.io.jsonl import read_text
 
     text = read_text(path, ValueError)
     reader = csv.reader(io.StringIO(text, newline=""))

@@ -54,7 +54,7 @@ def cache_root() -> Path:
 
 def _patch_digest() -> str:
     """A digest of the shipped patch set, so a changed patch gets a fresh patched copy."""
-    from dynspec.patching import patches_root
+    from dynspec.sglang.patching import patches_root
 
     h = hashlib.sha256()
     for f in sorted((patches_root() / f"sglang-{VERSION}").iterdir()):
@@ -64,7 +64,7 @@ def _patch_digest() -> str:
 
 def sglang_site(patched: bool, root: Path | None = None) -> Path:
     """A folder holding sglang 0.5.9 (upstream, or patched by dynspec) to put on PYTHONPATH."""
-    from dynspec import patching
+    from dynspec.sglang import patching
     from dynspec.realsglang import wheels
 
     root = root or cache_root()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynspec import realsglang
-from dynspec.servers import ArmServer, ServerError, quiet_port
+from dynspec.live.servers import ArmServer, ServerError, quiet_port
 
 
 @dataclass(frozen=True)

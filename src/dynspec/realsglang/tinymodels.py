@@ -56,7 +56,7 @@ def _llama_config(s: TinyShape, **over) -> dict:
 
 
 def _tokenizer_files(folder: Path, vocab_size: int) -> None:
-    from dynspec.sglang_bench_serving import build_tiny_tokenizer
+    from dynspec.sglang.bench_serving import build_tiny_tokenizer
 
     build_tiny_tokenizer(folder, vocab_size, SPECIAL, pad_token="[UNK]", bos_token="<s>", eos_token="</s>",
                          model_max_length=4096)
@@ -197,7 +197,7 @@ def make_dummy_models(out: str | Path, preset: str = "llama-3.1-8b", draft_vocab
     with `--load-format dummy`: SGLang fills the weights with random values, so the draft is
     almost never right (accept length about 1) while every step costs what it costs at these
     shapes.  `draft_vocab` as a released EAGLE-3 head for the target (32000 for Llama-3.1-8B)."""
-    from dynspec.model_shapes import PRESETS
+    from dynspec.calibrate.model_shapes import PRESETS
 
     m = PRESETS[preset]
     out = Path(out)

@@ -1,0 +1,1 @@
+"""Files: atomic writes (atomic), JSON lines (jsonl), typed YAML (typed_yaml)."""

@@ -1,0 +1,405 @@
+"""The sweep config: one YAML file says what `dynspec sweep` measures, parsed once into SweepConfig.
+
+Every problem is reported as one line, "FILE: key.path: problem", and nothing runs.
+Model paths may be left as placeholders for the sim and emulate backends; the live
+backend refuses them (check_live), naming the key to fill in.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from dynspec.models import StrictModel, Workload, field_default
+from dynspec.roles import SIM_ARMS
+from dynspec.io.typed_yaml import parse_model, read_yaml
+
+PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
+# What a path left for the user to fill in looks like.
+_PLACEHOLDER_PATH = re.compile(r"FILL[_ -]?ME|^/path/to/|<[^>]*>|TODO|CHANGEME", re.IGNORECASE)
+
+
+# Upper bounds: far beyond any real sweep, low enough that a typo (1e6 repeats, a level of
+# 10^30 requests) is refused instead of running for years or exhausting memory.
+MAX_CONCURRENCY = 65536
+MAX_TOKENS = 1 << 22  # input or output tokens per request
+MAX_PROMPTS = 1_000_000
+MAX_REPEATS = 100
+MAX_SECONDS = 7 * 24 * 3600.0  # any timeout
+MAX_TIME_SCALE = 10_000.0
+MAX_RATE = 1e6  # requests per second
+# Run ids name folders: a safe character set, one line, a bounded length.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def run_id_problem(run_id: str) -> str:
+    """Why run_id cannot name a run folder ("" when it can)."""
+    if RUN_ID.fullmatch(run_id):
+        return ""
+    return f"run id {run_id[:40]!r}: use at most 128 letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
+@dataclass(frozen=True, order=True)
+class Level:
+    """One load level.  Closed loop (rate inf): `concurrency` clients, each sending its next request
+    when its last ends (bench_serving --max-concurrency C).  Open loop: requests arrive at `rate` per
+    second (gamma intervals of shape `burstiness`; 1 is Poisson), at most `concurrency` in flight
+    (0: no cap), as bench_serving --request-rate R [--max-concurrency C]."""
+
+    concurrency: int
+    rate: float = math.inf
+
+    @property
+    def closed(self) -> bool:
+        return math.isinf(self.rate)
+
+    @property
+    def label(self) -> str:
+        """c8, rate2.5, rate2.5_c64: in file names and log lines."""
+        if self.closed:
+            return f"c{self.concurrency}"
+        return f"rate{self.rate:g}" + (f"_c{self.concurrency}" if self.concurrency else "")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message is one line naming the file and the key."""
+
+
+class Timeouts(StrictModel):
+    startup_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)  # a TP-8 model load plus CUDA-graph capture takes minutes
+    level_s: float = Field(3600.0, gt=0, le=MAX_SECONDS)
+    request_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    shutdown_grace_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
+
+
+class Prompts(StrictModel):
+    """What a level sends (dynspec.live.prompts): random ids or a dataset file, and output lengths."""
+
+    source: Literal["random", "jsonl", "sharegpt", "mtbench"] = "random"
+    path: str | None = None
+    # Random prompts draw token ids below this; every tokenizer in use has at least 32000.
+    vocab_size: int = Field(32000, ge=2, le=1 << 24)
+    # fixed: output_len each; dataset: the file's lengths; range: uniform in [range_ratio x output_len,
+    # output_len] (random prompts: the input length too), as bench_serving's --random-range-ratio.
+    output_lens: Literal["fixed", "dataset", "range"] = "fixed"
+    range_ratio: float = Field(1.0, ge=0, le=1)
+    tokenizer: str | None = None  # counts a ShareGPT reply's tokens (else 4 UTF-8 bytes per token)
+
+    @model_validator(mode="after")
+    def _path(self) -> "Prompts":
+        if self.source == "random" and self.path is not None:
+            raise ValueError("path is only for source jsonl, sharegpt or mtbench")
+        if self.source != "random" and not self.path:
+            raise ValueError(f"source {self.source} needs a path")
+        if self.output_lens == "dataset" and self.source in ("random", "mtbench"):
+            raise ValueError(f"output_lens dataset: source {self.source} gives no output lengths (fixed or range)")
+        if self.output_lens == "range" and self.range_ratio >= 1:
+            raise ValueError("output_lens range needs range_ratio below 1 (1 is output_lens fixed)")
+        if self.tokenizer is not None and not (self.source == "sharegpt" and self.output_lens == "dataset"):
+            raise ValueError("tokenizer only counts ShareGPT replies (source sharegpt, output_lens dataset)")
+        return self
+
+
+class SLO(StrictModel):
+    """Service-level objectives in ms, as vLLM's --goodput ttft:X tpot:Y e2el:Z: a request is good
+    when it succeeds and meets every one given."""
+
+    ttft_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+    tpot_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+    e2e_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000)
+
+    @model_validator(mode="after")
+    def _some(self) -> "SLO":
+        if self.as_dict() == {}:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        """{"ttft": ms, ...}: what dynspec.results.summarize takes."""
+        return {k.removesuffix("_ms"): v for k, v in self.model_dump().items() if v is not None}
+
+
+class Metrics(StrictModel):
+    # TTFT, TPOT, ITL and E2E at these percentiles (50, 90, 95 and 99 are always in the results;
+    # others add columns); the report shows these.
+    percentiles: list[float] = Field([50.0, 90.0, 95.0, 99.0], min_length=1, max_length=16)
+    slo: SLO | None = None
+
+    @field_validator("percentiles", mode="before")
+    @classmethod
+    def _floats(cls, v):
+        # YAML's 99 is an int; a percentile is a number either way (but not a boolean).
+        return [float(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v] \
+            if isinstance(v, list) else v
+
+    @field_validator("percentiles")
+    @classmethod
+    def _range(cls, v: list[float]) -> list[float]:
+        for p in v:
+            if not 0 < p <= 100 or round(p, 3) != p:
+                raise ValueError(f"percentile {p:g} must be in (0, 100] with at most 3 decimals")
+        if len(set(v)) != len(v):
+            raise ValueError("percentiles must not repeat")
+        return v
+
+
+class Emulate(StrictModel):
+    time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)  # the emulator runs this many times faster than the profile
+
+
+DRIVERS = ("bench_serving", "dynspec")
+
+
+class BenchServing(StrictModel):
+    """How the bench_serving driver runs `python -m sglang.bench_serving` (dynspec.sglang.bench_serving)."""
+
+    python: str | None = None  # default: the arm's launch interpreter if it is one, else dynspec's
+    tokenizer: str | None = None  # default: the config's model (bench_serving needs a tokenizer)
+    pythonpath: list[str] = []  # put first on its PYTHONPATH (e.g. an unpacked SGLang)
+    extra_args: list[str] = []  # passed through to bench_serving
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _split(cls, v):
+        return shlex.split(v) if isinstance(v, str) else v
+
+
+class Arm(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)  # used in file names
+    description: str = ""
+    sim_arm: str = "baseline"
+    launch: list[str] = []  # argv of the live server, with {model} {draft_model} {port} {host}
+    env: dict[str, str] = {}
+    api: Literal["generate", "openai", "chat"] = "generate"
+    driver: Literal["bench_serving", "dynspec"] | None = None  # the client; None: the config's
+
+    @field_validator("launch", mode="before")
+    @classmethod
+    def _split(cls, v):
+        return shlex.split(v) if isinstance(v, str) else v
+
+    @field_validator("sim_arm")
+    @classmethod
+    def _sim_arm(cls, v: str) -> str:
+        if v in SIM_ARMS:
+            return v
+        if v.startswith("policy:"):
+            from dynspec.policy import PolicySpecError, check_spec
+
+            try:
+                return "policy:" + check_spec(v.removeprefix("policy:"))
+            except PolicySpecError as exc:
+                raise ValueError(str(exc)) from None
+        raise ValueError(f"{v!r} is not one of {', '.join(SIM_ARMS)} or policy:SPEC")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v):
+        # YAML turns 1 and true into numbers and booleans; the environment wants strings.
+        # Only scalars are turned into strings: a list or mapping (an alias, say) is left for the type check.
+        if isinstance(v, dict):
+            return {str(k): "1" if x is True else "0" if x is False else str(x) if isinstance(x, (int, float)) else x
+                    for k, x in v.items()}
+        return v
+
+    @property
+    def speculates(self) -> bool:
+        """Whether the live server needs a draft model."""
+        return "{draft_model}" in " ".join(self.launch)
+
+
+class SweepConfig(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    hardware: str = ""
+    backend: Literal["live", "sim", "emulate"] = "live"  # the CLI's --backend overrides it
+    model: str | None = None
+    draft_model: str | None = None
+    profile: str = "seed-blackwell"  # what the sim and emulate backends model
+    host: str = "127.0.0.1"
+    # The levels: closed-loop concurrencies and/or open-loop request rates (requests/s).
+    concurrency: list[Annotated[int, Field(le=MAX_CONCURRENCY)]] = Field([], max_length=1024)
+    request_rates: list[Annotated[float, Field(gt=0, le=MAX_RATE)]] = Field([], max_length=1024)
+    burstiness: float = Field(1.0, gt=0, le=1000)  # rate levels: gamma shape of the intervals (1: Poisson)
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # rate levels: cap on requests in flight
+    rate_duration_s: float = Field(30.0, gt=0, le=MAX_SECONDS)  # rate levels: num_prompts default rate x this
+    num_prompts: int | None = Field(None, ge=1, le=MAX_PROMPTS)  # None: max(prompts_per_client*C, min_prompts)
+    # The workload's defaults are Workload's (models.py), shared with `dynspec sim` and fit specs.
+    prompts_per_client: int = Field(field_default(Workload, "prompts_per_client"), ge=1, le=MAX_PROMPTS)
+    min_prompts: int = Field(field_default(Workload, "min_prompts"), ge=1, le=MAX_PROMPTS)
+    input_len: int = Field(field_default(Workload, "input_len"), ge=1, le=MAX_TOKENS)
+    output_len: int = Field(field_default(Workload, "output_len"), ge=1, le=MAX_TOKENS)
+    prompts: Prompts = Prompts()
+    warmup_requests: int = Field(2, ge=0, le=MAX_PROMPTS)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
+    seed: int = 0
+    timeouts: Timeouts = Timeouts()
+    emulate: Emulate = Emulate()
+    metrics: Metrics = Metrics()
+    # The client that measures emulate and live levels: bench_serving (the real `python -m
+    # sglang.bench_serving`) or dynspec (the built-in generator).  None: bench_serving for live,
+    # dynspec for emulate.  An arm's `driver` overrides it.
+    driver: Literal["bench_serving", "dynspec"] | None = None
+    bench_serving: BenchServing = BenchServing()
+    arms: list[Arm] = Field(min_length=1)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be at least 1")
+        if len(set(v)) != len(v):
+            raise ValueError("concurrency levels must not repeat")
+        return v
+
+    @field_validator("request_rates", mode="before")
+    @classmethod
+    def _rate_floats(cls, v):
+        return [float(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v] \
+            if isinstance(v, list) else v
+
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, v: list[float]) -> list[float]:
+        if len(set(v)) != len(v):
+            raise ValueError("request rates must not repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _some_level(self) -> "SweepConfig":
+        if not self.concurrency and not self.request_rates:
+            raise ValueError("give concurrency levels, request_rates, or both")
+        return self
+
+    @field_validator("arms")
+    @classmethod
+    def _unique_arms(cls, v: list[Arm]) -> list[Arm]:
+        names = [a.name for a in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"arm names must be unique ({', '.join(dup)} repeats)")
+        return v
+
+    def levels(self) -> list[Level]:
+        """Closed-loop levels, then open-loop ones, in the config's order."""
+        cap = self.max_concurrency or 0
+        return [Level(c) for c in self.concurrency] + [Level(cap, r) for r in self.request_rates]
+
+    @property
+    def workload(self) -> Workload:
+        """The config's workload fields as a Workload."""
+        return Workload(**{name: getattr(self, name) for name in Workload.model_fields})
+
+    def prompts_for(self, level: Level | int) -> int:
+        """Measured requests at one level: the config's num_prompts, else Workload.prompts_at
+        (max(5*C, 50) by default) for a closed-loop level and max(rate x rate_duration_s, min_prompts)
+        for an open-loop one."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        if isinstance(level, int):
+            level = Level(level)
+        if level.closed:
+            return self.workload.prompts_at(level.concurrency)
+        return max(math.ceil(level.rate * self.rate_duration_s), self.min_prompts)
+
+    def result_columns(self) -> list[str]:
+        """The results file's columns: the schema's, and one per metric for each extra percentile."""
+        from dynspec.results import RESULT_COLUMNS, extra_columns
+
+        return RESULT_COLUMNS + extra_columns(self.metrics.percentiles)
+
+    def summary_args(self) -> dict:
+        """What dynspec.results.summarize takes from the config: percentiles and SLOs."""
+        return {"percentiles": self.metrics.percentiles, "slo": self.metrics.slo.as_dict() if self.metrics.slo else None}
+
+    def driver_for(self, arm: Arm, backend: str) -> str:
+        """The client that measures this arm's levels on this backend."""
+        return arm.driver or self.driver or ("bench_serving" if backend == "live" else "dynspec")
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+def parse_config(data: object, src: str = "<config>") -> SweepConfig:
+    cfg = parse_model(SweepConfig, data, src, ConfigError, "sweep config")
+    for i, arm in enumerate(cfg.arms):
+        if arm.api == "chat" and cfg.prompts.source == "random":
+            raise ConfigError(f"{src}: arms.{i}.api: chat sends text; random token-id prompts need "
+                              f"api generate or openai (or prompts from a file)")
+
+    for i, arm in enumerate(cfg.arms):
+        for word in re.findall(r"\{[^{}]*\}", " ".join(arm.launch)):
+            if word not in PLACEHOLDERS:
+                raise ConfigError(f"{src}: arms.{i}.launch: unknown placeholder {word} "
+                                  f"(known: {' '.join(PLACEHOLDERS)})")
+    return cfg
+
+
+def bench_serving_problem(cfg: SweepConfig) -> str:
+    """What sglang.bench_serving 0.5.9 cannot do of this config ("" when nothing), for every arm it
+    may drive: "key: why"."""
+    p = cfg.prompts
+    if cfg.request_rates and cfg.burstiness != 1.0:
+        return "burstiness: sglang.bench_serving 0.5.9 sends Poisson arrivals only (burstiness 1); use driver dynspec"
+    if p.source == "jsonl":
+        return "prompts.source: the bench_serving driver takes random, sharegpt or mtbench prompts; use driver dynspec"
+    if p.source in ("sharegpt", "mtbench") and p.output_lens == "range":
+        return (f"prompts.output_lens: bench_serving draws lengths by a range ratio for random prompts only; "
+                f"use fixed or dataset with {p.source}")
+    if p.source != "random" and p.output_lens == "fixed" and cfg.output_len < 4:
+        return "output_len: bench_serving's ShareGPT reader refuses output lengths below 4"
+    return ""
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep config; raise ConfigError with one line naming file and key."""
+    path = Path(path)
+    cfg = parse_config(read_yaml(path, ConfigError, "config"), str(path))
+    if cfg.prompts.path is not None:
+        # A prompt file is named relative to the config that names it.
+        p = Path(cfg.prompts.path)
+        if not p.is_absolute():
+            p = path.parent / p
+        if not p.is_file():
+            raise ConfigError(f"{path}: prompts.path: no such file {p}")
+        cfg = cfg.model_copy(update={"prompts": cfg.prompts.model_copy(update={"path": str(p.resolve())})})
+    tok = cfg.prompts.tokenizer
+    if tok is not None and not Path(tok).is_absolute() and (path.parent / tok).is_dir():
+        # a local tokenizer folder is named relative to the config too (else: a hub name, left as given)
+        cfg = cfg.model_copy(update={"prompts": cfg.prompts.model_copy(
+            update={"tokenizer": str((path.parent / tok).resolve())})})
+    return cfg
+
+
+def is_placeholder(value: str | None) -> bool:
+    return not value or not value.strip() or bool(_PLACEHOLDER_PATH.search(value))
+
+
+def check_live(cfg: SweepConfig, src: str = "<config>") -> None:
+    """What the live backend needs beyond the schema: real model paths, a launch line per arm."""
+    if is_placeholder(cfg.model):
+        raise ConfigError(f"{src}: model: fill in the target model's path (got {cfg.model!r})")
+    for i, arm in enumerate(cfg.arms):
+        if not arm.launch:
+            raise ConfigError(f"{src}: arms.{i}.launch: the live backend needs the server's command line")
+        if arm.speculates and is_placeholder(cfg.draft_model):
+            raise ConfigError(f"{src}: draft_model: fill in the draft model's path "
+                              f"(arm {arm.name} speculates; got {cfg.draft_model!r})")
+        if "{port}" not in " ".join(arm.launch):
+            raise ConfigError(f"{src}: arms.{i}.launch: must contain --port {{port}} so dynspec knows "
+                              f"where the server listens")
+
+
+def resolved_yaml(cfg: SweepConfig) -> str:
+    """The config as it was used: every default filled in."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,899 @@
+"""Policies: before each decode step, speculate or decode plainly.
+
+Every policy answers `decide(batch_size) -> bool` before a step and learns from
+`observe(StepRecord)` after it.  The same objects run inside the patched SGLang
+server (one copy per tensor-parallel rank), the simulator and the emulator.
+
+Tensor-parallel safety: every rank must take the same decision at every step, or
+the collectives hang.  So a decision may depend only on what every rank sees
+identically (batch size, accepted-token counts, a profile read at start, the step
+counter) or on values the ranks agreed on through the `sync` hook the caller
+supplies.  Local wall-clock step times never reach a decision directly.  A policy
+says what the ranks agree on (`sync_values`/`sync_apply`), when (`sync_schedule`,
+a function of the step stream only) and what its decisions depend on (`state_key`,
+checksummed across ranks); `Goodput(sync=hook)` runs the agreements itself, and
+dynspec.sglang.hook.Controller runs them for any policy in a TP server (`defer_sync`).
+
+Policies are built from one spec string, the same in the CLI, configs and the
+server's environment (DYNSPEC_POLICY):
+
+    always | never
+    threshold:32 | threshold:on=24,off=32,dwell=50
+    table:1-63=on,64-=off[,dwell=N]
+    sglang-default-tiers
+    goodput | goodput:profile=PATH,budget=0.005,probe=2000,dwell=8,margin=0.02,lead=0.05,sync_every=64
+    cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import zlib
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+
+if TYPE_CHECKING:  # not at run time: the patched SGLang server imports this module, and it stays light
+    from dynspec.sim.profile import Profile
+
+log = logging.getLogger("dynspec.policy")
+
+# Averages a flat list of floats across ranks (an all-reduce mean) and returns it.
+SyncHook = Callable[[list[float]], list[float]]
+
+# Steps between rank agreements for a policy that names no period of its own.
+SYNC_EVERY = 64
+
+
+class PolicySpecError(ValueError):
+    """A policy spec string that cannot be built; the message names the bad part."""
+
+
+class StepRecord(NamedTuple):
+    """What happened in one decode step (a tuple: cheap to build on the hot path)."""
+
+    batch_size: int
+    speculated: bool
+    accepted: Sequence[int] = ()  # accepted draft tokens per request (bonus token not counted)
+    step_time_s: float | None = None  # local wall time; not rank-consistent
+
+
+class Policy:
+    """Base class: speculate (True) or decode plainly (False) before each step."""
+
+    name = "policy"
+
+    def decide(self, batch_size: int) -> bool:
+        raise NotImplementedError
+
+    def observe(self, rec: StepRecord) -> None:
+        pass
+
+    def reason(self, batch_size: int) -> str:
+        """Why the current mode; called only when the mode switches."""
+        return self.name
+
+    def spec(self) -> str:
+        """The spec string that rebuilds this policy."""
+        return self.name
+
+    # Tensor parallelism: what the ranks agree on (see sglang_hook.Controller) ---------
+    def sync_schedule(self) -> "SyncSchedule":
+        return SyncSchedule(SYNC_EVERY)
+
+    def sync_values(self) -> list[float]:
+        """Local values to all-reduce at an agreement (a fixed length per policy)."""
+        return []
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Take the rank-mean of sync_values()."""
+
+    def defer_sync(self) -> None:
+        """The caller runs the agreements (sync_values, sync_apply on sync_schedule())."""
+
+    def state_key(self) -> tuple:
+        """Everything decisions depend on, for the ranks' checksum: equal on every rank."""
+        return ()
+
+
+def state_checksum(key: tuple) -> int:
+    """A process-independent 32-bit checksum of a state key (hash() of str is salted per process)."""
+    return zlib.crc32(repr(key).encode())
+
+
+class Always(Policy):
+    name = "always"
+
+    def decide(self, batch_size: int) -> bool:
+        return True
+
+
+class Never(Policy):
+    name = "never"
+
+    def decide(self, batch_size: int) -> bool:
+        return False
+
+
+class _Dwell:
+    """Holds a mode for at least `dwell` steps after every switch."""
+
+    __slots__ = ("dwell", "mode", "step", "switched_at")
+
+    def __init__(self, dwell: int, mode: bool):
+        self.dwell = dwell
+        self.mode = mode
+        self.step = 0
+        self.switched_at = -(1 << 62)  # the first switch may come at any step
+
+    def key(self) -> tuple:
+        return (self.mode, self.step, self.switched_at)
+
+    def want(self, mode: bool) -> bool:
+        self.step += 1
+        if mode != self.mode and self.step - self.switched_at >= self.dwell:
+            self.mode = mode
+            self.switched_at = self.step
+        return self.mode
+
+
+class Threshold(Policy):
+    """Speculate while the batch is small: off above `off`, back on at or below `on`."""
+
+    name = "threshold"
+
+    def __init__(self, on: int, off: int, dwell: int = 16):
+        if on < 0 or off < on:
+            raise PolicySpecError(f"threshold: need 0 <= on <= off, got on={on}, off={off}")
+        if dwell < 0:
+            raise PolicySpecError(f"threshold: dwell must be >= 0, got {dwell}")
+        self.on, self.off = on, off
+        self._dwell = _Dwell(dwell, True)
+
+    def decide(self, batch_size: int) -> bool:
+        mode = self._dwell.mode
+        if mode and batch_size > self.off:
+            mode = False
+        elif not mode and batch_size <= self.on:
+            mode = True
+        return self._dwell.want(mode)
+
+    def reason(self, batch_size: int) -> str:
+        return f"threshold on<={self.on} off>{self.off}: batch {batch_size}"
+
+    def spec(self) -> str:
+        return f"threshold:on={self.on},off={self.off},dwell={self._dwell.dwell}"
+
+    def state_key(self) -> tuple:
+        return self._dwell.key()
+
+
+class Cycle(Policy):
+    """`spec` speculative steps, then `plain` plain ones, over and over, whatever the load.
+
+    Not a policy to deploy: a stress test of switching.  Every speculative stretch begins
+    right after a plain one, so its draft acceptance shows whether the plain steps kept the
+    draft current, and the cost of a switch is paid as often as possible."""
+
+    name = "cycle"
+
+    def __init__(self, spec: int, plain: int):
+        if spec < 1 or plain < 1:
+            raise PolicySpecError(f"cycle: spec and plain must be >= 1, got spec={spec}, plain={plain}")
+        self.n_spec, self.n_plain = spec, plain
+        self._step = 0
+
+    def decide(self, batch_size: int) -> bool:
+        phase = self._step % (self.n_spec + self.n_plain)
+        self._step += 1
+        return phase < self.n_spec
+
+    def spec(self) -> str:
+        return f"cycle:spec={self.n_spec},plain={self.n_plain}"
+
+
+class Table(Policy):
+    """A batch-size -> on/off table (the shape vLLM, TensorRT-LLM and SGLang share)."""
+
+    name = "table"
+
+    def __init__(self, ranges: Sequence[tuple[int, int | None, bool]], dwell: int = 0):
+        # ranges: (low, high or None for open-ended, on), sorted and covering 1..inf.
+        self.ranges = list(ranges)
+        self._lows = [lo for lo, _, _ in self.ranges]
+        self._on = [on for _, _, on in self.ranges]
+        self._dwell = _Dwell(dwell, self._on[0])
+
+    def lookup(self, batch_size: int) -> bool:
+        i = bisect.bisect_right(self._lows, batch_size) - 1
+        return self._on[max(i, 0)]
+
+    def decide(self, batch_size: int) -> bool:
+        return self._dwell.want(self.lookup(batch_size))
+
+    def reason(self, batch_size: int) -> str:
+        return f"table: batch {batch_size} -> {'on' if self.lookup(batch_size) else 'off'}"
+
+    def spec(self) -> str:
+        parts = [f"{lo}-{'' if hi is None else hi}={'on' if on else 'off'}" for lo, hi, on in self.ranges]
+        return "table:" + ",".join(parts) + f",dwell={self._dwell.dwell}"
+
+    def state_key(self) -> tuple:
+        return self._dwell.key()
+
+
+# --- SGLang 0.5.23's adaptive tiers, as a policy ------------------------------------
+# Behaviour modelled on sglang/srt/speculative/adaptive_spec_params.py (0.5.23):
+# per batch-size tier a set of candidate step counts, an EMA of accepted drafts, and
+# a step count that moves one candidate down when the EMA falls below
+# (next lower step - 0.5 + down_hysteresis) and up when it exceeds (current - 0.5 +
+# up_hysteresis), re-evaluated every `update_interval` steps after a warm-up.
+# Zero steps means no speculation; from zero it probes the smallest positive step.
+
+SGLANG_DEFAULT_TIERS: dict[int, dict] = {
+    1: {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
+    8: {"candidate_steps": [0, 1, 3]},
+    32: {"candidate_steps": [0, 1]},
+    64: {"candidate_steps": [0]},
+}
+
+
+class _Tier:
+    __slots__ = ("candidates", "steps", "ema", "count", "alpha", "interval", "warmup", "down", "up")
+
+    def __init__(self, initial_steps: int, cfg: dict):
+        self.candidates = sorted(set(cfg["candidate_steps"]))
+        self.alpha = cfg.get("ema_alpha", 0.2)
+        self.interval = cfg.get("update_interval", 5)
+        self.warmup = cfg.get("warmup_batches", 10)
+        self.down = cfg.get("down_hysteresis", 0.0)
+        self.up = cfg.get("up_hysteresis", 0.0)
+        mid = self.candidates[len(self.candidates) // 2]
+        self.steps = initial_steps if initial_steps in self.candidates else mid
+        self.ema = float(self.steps - 1)
+        self.count = 0
+
+    def update(self, mean_accepted: float) -> None:
+        if self.steps > 0:
+            self.ema += self.alpha * (mean_accepted - self.ema)
+        self.count += 1
+        if self.count > self.warmup and (self.count - self.warmup) % self.interval == 0:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        i = self.candidates.index(self.steps)
+        if self.steps == 0:
+            i = min(i + 1, len(self.candidates) - 1)
+            if self.candidates[i] > 0 and self.ema < 0:
+                self.ema = float(self.candidates[i] - 1)
+            self.steps = self.candidates[i]
+            return
+        start = i
+        while i > 0:
+            lower = self.candidates[i - 1]
+            drop = (0.5 if lower == 0 else lower - 0.5) + self.down
+            if self.ema > drop:
+                break
+            i -= 1
+        if i == start:
+            while i < len(self.candidates) - 1 and self.ema > self.candidates[i] - 0.5 + self.up:
+                i += 1
+        self.steps = self.candidates[i]
+
+
+class SglangTiers(Policy):
+    """SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG reduced to on/off (steps > 0)."""
+
+    name = "sglang-default-tiers"
+
+    def __init__(self, initial_steps: int = 3, tiers: dict[int, dict] | None = None):
+        tiers = tiers or SGLANG_DEFAULT_TIERS
+        self._keys = sorted(tiers)
+        self._tiers = [_Tier(initial_steps, tiers[k]) for k in self._keys]
+        self.initial_steps = initial_steps
+
+    def _tier(self, batch_size: int) -> _Tier:
+        return self._tiers[max(bisect.bisect_right(self._keys, batch_size) - 1, 0)]
+
+    def steps_for(self, batch_size: int) -> int:
+        return self._tier(batch_size).steps
+
+    def decide(self, batch_size: int) -> bool:
+        return self._tier(batch_size).steps > 0
+
+    def observe(self, rec: StepRecord) -> None:
+        acc = rec.accepted
+        self._tier(rec.batch_size).update(sum(acc) / len(acc) if acc else 0.0)
+
+    def reason(self, batch_size: int) -> str:
+        t = self._tier(batch_size)
+        return f"sglang tier {self._keys[self._tiers.index(t)]}: steps={t.steps} ema_accepted={t.ema:.2f}"
+
+    def spec(self) -> str:
+        return f"sglang-default-tiers:steps={self.initial_steps}"
+
+    def state_key(self) -> tuple:
+        return tuple((t.steps, t.count, t.ema) for t in self._tiers)
+
+
+# --- goodput: dynspec's own ---------------------------------------------------------
+
+# Batch-size buckets: fine where batches are small, geometric above.
+BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def _bucket_slow(batch_size: int) -> int:
+    return max(bisect.bisect_right(BUCKET_EDGES, batch_size) - 1, 0)
+
+
+_BUCKETS = [_bucket_slow(i) for i in range(BUCKET_EDGES[-1] + 1)]
+_LAST_BUCKET = len(BUCKET_EDGES) - 1
+
+
+def bucket_of(batch_size: int) -> int:
+    """Index of the bucket holding batch_size (a table lookup on the hot path)."""
+    return _BUCKETS[batch_size] if 0 <= batch_size < len(_BUCKETS) else _LAST_BUCKET
+
+
+def bucket_mid(b: int) -> float:
+    """A representative batch size of bucket b (geometric middle)."""
+    lo = BUCKET_EDGES[b]
+    hi = BUCKET_EDGES[b + 1] - 1 if b + 1 < len(BUCKET_EDGES) else lo
+    return math.sqrt(lo * hi)
+
+
+class SyncSchedule:
+    """When the TP ranks agree: every `every` decisions, and once as soon as a batch-size
+    bucket has had both modes tried `explore` times (so that a bucket just explored is not
+    decided blind until the next periodic agreement).
+
+    A function of the step stream only (step counter, batch sizes, modes), never of a
+    policy's state: a rank whose policy has failed still joins every agreement."""
+
+    __slots__ = ("every", "explore", "_seen")
+
+    def __init__(self, every: int, explore: int = 0):
+        self.every, self.explore = every, explore
+        self._seen = [[0] * len(BUCKET_EDGES), [0] * len(BUCKET_EDGES)] if explore else None
+
+    def due(self, step: int, batch_size: int, speculated: bool) -> bool:
+        seen = self._seen
+        if seen is not None:
+            b, m = bucket_of(batch_size), 1 if speculated else 0
+            seen[m][b] += 1
+            if seen[m][b] == self.explore and seen[1 - m][b] >= self.explore:
+                return True
+        return step % self.every == 0
+
+
+class Goodput(Policy):
+    """Speculate when it is expected to give more output tokens per second.
+
+    "Goodput" here is output tokens per second (SmartSpec's sense), not vLLM's or DistServe's
+    requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
+    tokens per request and, per mode, an estimate of the step time; expected goodput per
+    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain.  Step times start
+    from a profile when given and are refined by measured times that the ranks agreed on
+    (`sync`).  Without a profile, a new bucket is decided from a neighbour that clearly knows,
+    or by trying plain then speculative steps there (`min_samples` each, or one when decisive).
+
+    Probes keep the estimates honest: now and then it takes the other mode for one
+    step.  A probe's expected cost (output lost, in steps of the current mode) sets
+    its interval, so probes cost about `budget` of the output: frequent where the
+    two modes are close (where the answer may flip), rare where one clearly wins,
+    never more often than every 8 steps nor less than every `probe` steps in a bucket.
+    A switch needs a `margin` advantage and is held for `dwell` steps.
+    """
+
+    name = "goodput"
+    PROBE_MIN = 8  # steps: a probe's own estimate needs a few steps between probes
+    SHRINK = 4.0  # a bucket's acceptance leans on the global one until it has a few samples
+    BORROW = 0.15  # a neighbour decides a new bucket when one mode wins there by this much
+
+    def __init__(
+        self,
+        profile: Profile | None = None,
+        *,
+        sync: SyncHook | None = None,
+        sync_every: int = 64,
+        use_times: bool = True,
+        probe: int = 2000,
+        budget: float = 0.005,
+        dwell: int = 8,
+        margin: float = 0.02,
+        lead: float = 0.05,
+        alpha: float = 0.1,
+        acc_alpha: float = 0.02,
+        min_samples: int = 2,
+        spec_text: str = "goodput",
+    ):
+        if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
+                or not 0 <= lead < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
+                or min_samples < 1):
+            raise PolicySpecError(
+                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, "
+                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, "
+                f"margin={margin}, lead={lead}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
+            )
+        n = len(BUCKET_EDGES)
+        self._spec_text = spec_text
+        self.profile = profile
+        self.sync = sync  # None: one process, whose own step times are agreed by definition
+        self.sync_every = sync_every
+        self.use_times = use_times
+        self.probe, self.budget, self.margin, self.alpha = probe, budget, margin, alpha
+        self.lead, self.acc_alpha = lead, acc_alpha
+        # Speculative output is valued at 1/(1 + lead) of its face: speculation has costs a decode
+        # step's time does not show (completions scatter, so prefills fragment and batches drain
+        # unevenly), so it must promise `lead` more output than plain decoding to be chosen.
+        self._discount = 1.0 / (1.0 + lead)
+        self.min_samples = min_samples
+        # [mode][bucket], mode 0 = plain, 1 = spec
+        self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
+        self.n_seen: list[list[int]] = [[0] * n, [0] * n]
+        self.acc_est: list[float | None] = [None] * n
+        self.n_acc = [0] * n  # speculative steps that fed acc_est[b]
+        self.acc_global: float | None = None
+        # Explore only what no prior covers: without a profile, both modes everywhere.
+        self._explore = profile is None and use_times
+        # A switch to speculating pays one resume (Profile.resume_time); without a profile, measured
+        # speculative step times include it.
+        self._t_resume = [0.0] * n
+        if profile is not None:
+            self.acc_global = profile.acceptance.mean_accepted
+            for b in range(n):
+                bs = bucket_mid(b)
+                self.t_est[0][b] = profile.plain_time(bs) + profile.catch_up_time(bs)  # as the patched server's
+                self._t_resume[b] = profile.resume_time(bs)
+                # A switch holds for at least `dwell` steps: the resume is at most that share of each.
+                self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
+        self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
+        self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
+        self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
+        # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
+        # 2 a spec step right after plain ones (it pays the resume: what a switch on costs).
+        self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n]
+        self._t_cnt = [[0] * n, [0] * n, [0] * n]
+        self._prev_spec: bool | None = None  # the mode of the last step observed
+        self._in_bucket = [0] * n  # decisions taken in each bucket
+        self._last_seen = [[0] * n, [0] * n]  # _in_bucket when a mode last ran there
+        self._choice = [False] * n  # a near tie stays plain (see lead)
+        self._interval = [[probe] * n, [probe] * n]  # probe interval while in [mode][bucket]
+        self._dwell = _Dwell(dwell, True)
+        self._step = 0
+        self._probing = False
+        self._self_sync = sync is not None  # False once a caller runs the agreements (defer_sync)
+        self._buffer_times = sync is not None  # times wait for an agreement instead of counting at once
+        self._schedule = self.sync_schedule()
+        for b in range(n):
+            self._refresh(b)
+
+    # Decision ----------------------------------------------------------------------
+    def _accepted(self, b: int) -> float | None:
+        a, g = self.acc_est[b], self.acc_global
+        if a is None or g is None:
+            return g if a is None else a
+        k = self.n_acc[b]
+        return (k * a + self.SHRINK * g) / (k + self.SHRINK)
+
+    def _times(self, b: int) -> tuple[float | None, float | None]:
+        """Plain and spec step times in bucket b.  A plain step does a subset of a speculative
+        step's work (one target token per request instead of k+1, a KV-only catch-up instead of
+        a draft), so a plain estimate above the spec one is an outlier (a warm-up step, a stall)
+        and counts as the spec time: one slow plain step must not keep a losing draft running."""
+        tp, ts = self.t_est[0][b], self.t_est[1][b]
+        return (min(tp, ts) if tp is not None and ts is not None else tp), ts
+
+    def _gain(self, b: int) -> float | None:
+        """Expected spec/plain goodput ratio in bucket b (speculation's output discounted by the
+        lead), None while unknown."""
+        (tp, ts), acc = self._times(b), self._accepted(b)
+        if tp is None or ts is None or acc is None:
+            return None
+        return (1.0 + acc) * self._discount * tp / ts
+
+    def _refresh(self, b: int) -> None:
+        (tp, ts), acc = self._times(b), self._accepted(b)
+        if tp is None or ts is None or acc is None:
+            return
+        acc = (1.0 + acc) * self._discount - 1.0  # tokens per request as valued (lead)
+        g = (1.0 + acc) * tp / ts
+        # Hysteresis: leave the current choice only for a margin's worth of gain.
+        self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
+        # Output lost by one probe, in steps of the mode probed from: from plain, a spec
+        # step and its resume r cost (ts + r)/tp plain steps and return 1 + acc tokens, and never
+        # less than the resume; from spec, a plain step returns 1 token where spec would give g,
+        # out of (1 + acc) per spec step, and the way back pays r.  The switch's own cost keeps
+        # probes from coming every few steps where the two modes are tied.
+        lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
+        from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
+        from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
+        self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
+        self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
+
+    def decide(self, batch_size: int) -> bool:
+        self._step += 1
+        b = bucket_of(batch_size)
+        if self._explore and not self._known[b]:
+            seen = self.n_seen
+            # Plain first: a plain step costs at most the speedup speculation would have given, a
+            # speculative one on a losing machine many plain steps; and one of those is enough
+            # when it already loses (or wins) decisively.
+            if self._borrow(b) or self._decisive(b):
+                self._known[b] = True
+            elif seen[0][b] < self.min_samples:
+                return self._take(False, b)
+            elif seen[1][b] < self.min_samples:
+                return self._take(True, b)
+            else:
+                self._known[b] = True
+        mode = self._dwell.want(self._choice[b])
+        # Probe clocks count steps spent in this bucket, so a bucket visited rarely is not
+        # probed on every visit.
+        self._in_bucket[b] += 1
+        if self._in_bucket[b] - self._last_seen[not mode][b] >= self._interval[mode][b]:
+            return self._take(not mode, b, probe=True)
+        self._last_seen[mode][b] = self._in_bucket[b]
+        self._probing = False
+        return mode
+
+    def _borrow(self, b: int) -> bool:
+        """Decide a new bucket from a neighbour's evidence instead of trying both modes there.
+
+        Speculation's relative cost does not fall as the batch grows (verifying k+1 tokens per
+        request turns compute-bound first), so a smaller bucket where it clearly loses says it
+        loses here too, and a larger one where it clearly wins says it wins here.  The bucket
+        starts from that neighbour's step times; its own measurements replace them, and probes
+        check the borrowed mode as anywhere else."""
+        n, decisive = len(BUCKET_EDGES), self.BORROW
+        for nb in range(b - 1, -1, -1):  # the nearest smaller bucket that knows
+            if self._known[nb]:
+                g = self._gain(nb)
+                if g is not None and g < 1.0 - decisive:
+                    return self._seed(b, nb)
+                break
+        for nb in range(b + 1, n):  # the nearest larger one
+            if self._known[nb]:
+                g = self._gain(nb)
+                if g is not None and g > 1.0 + decisive:
+                    return self._seed(b, nb)
+                break
+        return False
+
+    def _decisive(self, b: int) -> bool:
+        g = self._gain(b)
+        return g is not None and abs(g - 1.0) > self.BORROW
+
+    def _seed(self, b: int, nb: int) -> bool:
+        for m in (0, 1):
+            if self.n_seen[m][b] == 0 or self.t_est[m][b] is None:
+                self.t_est[m][b] = self.t_est[m][nb]
+                self._seeded[m][b] = True
+        self._known[b] = True
+        self._refresh(b)
+        return True
+
+    def _take(self, mode: bool, b: int, probe: bool = False) -> bool:
+        self._last_seen[mode][b] = self._in_bucket[b]
+        self._probing = probe
+        return mode
+
+    # Learning ----------------------------------------------------------------------
+    def observe(self, rec: StepRecord) -> None:
+        bs, speculated, accepted, t = rec
+        b = bucket_of(bs)
+        m = 1 if speculated else 0
+        self.n_seen[m][b] += 1
+        changed = False
+        if speculated and accepted:
+            k = len(accepted)
+            a = sum(accepted) / k
+            # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
+            # 0..num_steps from step to step, so at batch 1 a step says little.
+            w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
+            prev, g = self.acc_est[b], self.acc_global
+            self.acc_est[b] = a if prev is None else prev + w * (a - prev)
+            self.n_acc[b] += 1
+            self.acc_global = a if g is None else g + w * (a - g)
+            changed = True
+        if t is not None and self.use_times:
+            kind = 2 if speculated and self._prev_spec is False else m
+            if not self._buffer_times:  # one process: its own times are the agreed ones
+                self._fold(kind, b, t, 1)
+                changed = True
+            else:
+                self._t_sum[kind][b] += t
+                self._t_cnt[kind][b] += 1
+        self._prev_spec = speculated
+        if changed:
+            self._refresh(b)
+        if self._self_sync and self._schedule.due(self._step, bs, speculated):
+            assert self.sync is not None  # _self_sync is set only with a hook
+            self.sync_apply(self.sync(self.sync_values()))
+
+    def _fold(self, kind: int, b: int, t: float, count: float) -> None:
+        """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
+        if kind == 2:  # a resumed spec step: what it cost beyond a spec step is the resume ...
+            ts = self.t_est[1][b]
+            if ts is not None and not self._seeded[1][b]:
+                w = 1.0 - (1.0 - self.alpha) ** count
+                self._t_resume[b] += w * (max(t - ts, 0.0) - self._t_resume[b])
+            kind = 1  # ... and it is a spec step too (probes from plain are all resumed ones)
+        prev = self.t_est[kind][b]
+        if prev is None or self._seeded[kind][b]:  # a borrowed time gives way to a measured one
+            self.t_est[kind][b], self._seeded[kind][b] = t, False
+        else:
+            self.t_est[kind][b] = prev + (1.0 - (1.0 - self.alpha) ** count) * (t - prev)
+
+    # Agreement across TP ranks --------------------------------------------------------
+    def sync_schedule(self) -> SyncSchedule:
+        return SyncSchedule(self.sync_every, self.min_samples if self._explore else 0)
+
+    def defer_sync(self) -> None:
+        self._self_sync, self._buffer_times = False, True
+
+    def sync_values(self) -> list[float]:
+        """Step-time sums and counts measured since the last agreement, [kind][bucket]."""
+        cnt = self._t_cnt
+        return [*self._t_sum[0], *self._t_sum[1], *self._t_sum[2], *(float(c) for row in cnt for c in row)]
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Fold the agreed step times into the estimates.  Counts are agreed like the sums
+        (each rank drops intervals it cannot trust on its own), and the agreed sums are
+        divided by the agreed counts: every rank folds the same means with the same weights."""
+        n = len(BUCKET_EDGES)
+        if len(agreed) != 6 * n:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {6 * n}")
+        for kind in (0, 1, 2):
+            for b in range(n):
+                c = agreed[(3 + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
+                if c > 0:
+                    self._fold(kind, b, agreed[kind * n + b] / c, c)
+                    self._refresh(b)
+                self._t_cnt[kind][b] = 0
+                self._t_sum[kind][b] = 0.0
+
+    def state_key(self) -> tuple:
+        # The discrete state decisions follow (estimates enter through _choice and _interval).
+        return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
+                self._last_seen, self._choice, self._interval, self._known, self._seeded)
+
+    def estimates(self) -> dict:
+        """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
+        drafts per request, resume cost (ms) and the choice."""
+        out = {}
+        for b, edge in enumerate(BUCKET_EDGES):
+            (tp, ts), acc = self._times(b), self._accepted(b)
+            if tp is None and ts is None:
+                continue
+            out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
+                               "spec_ms": None if ts is None else round(1000 * ts, 3),
+                               "accepted": None if acc is None else round(acc, 3),
+                               "resume_ms": round(1000 * self._t_resume[b], 3),
+                               "speculate": self._choice[b]}
+        return out
+
+    def reason(self, batch_size: int) -> str:
+        b = bucket_of(batch_size)
+        g = self._gain(b)
+        what = "probe" if self._probing else "goodput"
+        if g is None:
+            return f"{what}: exploring bucket {BUCKET_EDGES[b]}+"
+        return f"{what}: spec/plain = {g:.2f} in bucket {BUCKET_EDGES[b]}+"
+
+    def spec(self) -> str:
+        return self._spec_text
+
+
+class FailSafePolicy(Policy):
+    """Wraps a policy: if it raises, speculate as configured for the rest of the run."""
+
+    def __init__(self, inner: Policy, logger: logging.Logger | None = None):
+        self.inner = inner
+        self.name = inner.name
+        self.failed = False
+        self._log = logger or log
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Give up on the inner policy (also called by a caller whose use of it raised)."""
+        self.failed = True
+        self._log.warning(
+            "dynspec policy %s failed in %s (%s: %s); speculating as configured for the rest of the run",
+            self.inner.name, where, type(exc).__name__, exc,
+        )
+
+    def decide(self, batch_size: int) -> bool:
+        if self.failed:
+            return True
+        try:
+            return bool(self.inner.decide(batch_size))
+        except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
+            self.fail("decide", exc)
+            return True
+
+    def observe(self, rec: StepRecord) -> None:
+        if self.failed:
+            return
+        try:
+            self.inner.observe(rec)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("observe", exc)
+
+    def reason(self, batch_size: int) -> str:
+        if self.failed:
+            return "fail-safe: policy raised, speculating as configured"
+        try:
+            return self.inner.reason(batch_size)
+        except Exception:  # noqa: BLE001
+            return self.inner.name
+
+    def spec(self) -> str:
+        return self.inner.spec()
+
+
+# --- spec strings ---------------------------------------------------------------------
+
+POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "cycle")
+
+
+def _int(spec: str, key: str, value: str, lo: int = 0) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not an integer") from None
+    if v < lo:
+        raise PolicySpecError(f"{spec!r}: {key}={v} must be >= {lo}")
+    return v
+
+
+def _float(spec: str, key: str, value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not a number") from None
+    if not math.isfinite(v):
+        raise PolicySpecError(f"{spec!r}: {key}={value!r} is not a finite number")
+    return v
+
+
+def _options(spec: str, body: str, allowed: dict[str, str]) -> dict[str, str]:
+    """Parse 'k=v,k=v' checking every key against `allowed` (key -> description)."""
+    out: dict[str, str] = {}
+    for part in body.split(","):
+        if "=" not in part:
+            raise PolicySpecError(f"{spec!r}: expected key=value, got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in allowed:
+            raise PolicySpecError(f"{spec!r}: unknown option {key!r} (known: {', '.join(allowed)})")
+        if key in out:
+            raise PolicySpecError(f"{spec!r}: option {key!r} given twice")
+        if not value:
+            raise PolicySpecError(f"{spec!r}: option {key!r} has no value")
+        out[key] = value
+    return out
+
+
+def _threshold(spec: str, body: str) -> Threshold:
+    if not body:
+        raise PolicySpecError(f"{spec!r}: threshold needs a batch size, e.g. threshold:32")
+    if "=" not in body:
+        n = _int(spec, "threshold", body, lo=0)
+        return Threshold(n, n)
+    o = _options(spec, body, {"on": "", "off": "", "dwell": ""})
+    if "on" not in o and "off" not in o:
+        raise PolicySpecError(f"{spec!r}: threshold needs on= and/or off=")
+    on = _int(spec, "on", o.get("on", o.get("off", "0")))
+    off = _int(spec, "off", o.get("off", o.get("on", "0")))
+    if off < on:
+        raise PolicySpecError(f"{spec!r}: off={off} is below on={on}; hysteresis needs on <= off")
+    dwell = _int(spec, "dwell", o["dwell"]) if "dwell" in o else 16
+    return Threshold(on, off, dwell)
+
+
+def _table(spec: str, body: str) -> Table:
+    if not body:
+        raise PolicySpecError(f"{spec!r}: table needs ranges, e.g. table:1-63=on,64-=off")
+    ranges: list[tuple[int, int | None, bool]] = []
+    dwell = 0
+    for part in body.split(","):
+        if "=" not in part:
+            raise PolicySpecError(f"{spec!r}: expected RANGE=on|off, got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key == "dwell":
+            dwell = _int(spec, "dwell", value)
+            continue
+        if value not in ("on", "off"):
+            raise PolicySpecError(f"{spec!r}: range {key!r} must be =on or =off, got {value!r}")
+        lo_s, dash, hi_s = key.partition("-")
+        lo = _int(spec, "range start", lo_s, lo=1)
+        hi = (_int(spec, "range end", hi_s, lo=1) if hi_s else None) if dash else lo
+        if hi is not None and hi < lo:
+            raise PolicySpecError(f"{spec!r}: range {key!r} ends before it starts")
+        ranges.append((lo, hi, value == "on"))
+    if not ranges:
+        raise PolicySpecError(f"{spec!r}: table has no ranges")
+    ranges.sort(key=lambda r: r[0])
+    expect: int | None = 1  # the next batch size to cover; None after an open-ended range
+    for lo, hi, _ in ranges:
+        if expect is None:
+            raise PolicySpecError(f"{spec!r}: range starting at {lo} follows an open-ended range")
+        if lo != expect:
+            what = "overlap" if lo < expect else f"a gap at batch sizes {expect}-{lo - 1}"
+            raise PolicySpecError(f"{spec!r}: ranges have {what}")
+        expect = None if hi is None else hi + 1
+    if expect is not None:
+        raise PolicySpecError(f"{spec!r}: table does not cover batch sizes {expect}- (end with an open range like {expect}-=off)")
+    return Table(ranges, dwell)
+
+
+_GOODPUT_OPTS = {
+    "profile": "step-cost profile (name or path)",
+    "probe": "most steps between probes of the other mode",
+    "budget": "share of output that probes may cost",
+    "min_samples": "steps each mode is tried per bucket without a profile",
+    "dwell": "minimum steps between switches",
+    "margin": "relative advantage needed to switch",
+    "lead": "share more output speculation must promise to be chosen",
+    "alpha": "EMA weight of step times",
+    "acc_alpha": "EMA weight of one request's accepted drafts",
+    "sync_every": "steps between rank agreements on step times",
+    "times": "use measured step times (1/0)",
+}
+
+
+def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | None) -> Goodput:
+    o = _options(spec, body, _GOODPUT_OPTS) if body else {}
+    if "profile" in o:
+        from dynspec.sim.profile import ProfileError, load_profile
+
+        try:
+            profile = load_profile(o["profile"])
+        except ProfileError as exc:
+            raise PolicySpecError(f"{spec!r}: {exc}") from None
+    kw: dict = {}
+    for key in ("probe", "dwell", "sync_every", "min_samples"):
+        if key in o:
+            kw[key] = _int(spec, key, o[key])
+    for key in ("margin", "lead", "alpha", "acc_alpha", "budget"):
+        if key in o:
+            kw[key] = _float(spec, key, o[key])
+    if "times" in o:
+        if o["times"] not in ("0", "1"):
+            raise PolicySpecError(f"{spec!r}: times must be 0 or 1, got {o['times']!r}")
+        kw["use_times"] = o["times"] == "1"
+    if profile is None and not kw.get("use_times", True):
+        raise PolicySpecError(f"{spec!r}: goodput with times=0 needs a profile")
+    return Goodput(profile, sync=sync, spec_text=spec, **kw)
+
+
+def build_policy(spec: str, *, profile: Profile | None = None, sync: SyncHook | None = None,
+                 initial_steps: int = 3) -> Policy:
+    """Build a policy from its spec string; raise PolicySpecError naming the bad part."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicySpecError("empty policy spec (try: goodput, threshold:32, table:1-63=on,64-=off)")
+    spec = spec.strip()
+    name, _, body = spec.partition(":")
+    name, body = name.strip(), body.strip()
+    if name in ("always", "never"):
+        if body:
+            raise PolicySpecError(f"{spec!r}: {name} takes no options")
+        return Always() if name == "always" else Never()
+    if name == "threshold":
+        return _threshold(spec, body)
+    if name == "table":
+        return _table(spec, body)
+    if name == "sglang-default-tiers":
+        o = _options(spec, body, {"steps": "initial speculative_num_steps"}) if body else {}
+        return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
+    if name == "goodput":
+        return _goodput(spec, body, profile, sync)
+    if name == "cycle":
+        o = _options(spec, body, {"spec": "speculative steps per cycle", "plain": "plain steps per cycle"}) \
+            if body else {}
+        return Cycle(_int(spec, "spec", o.get("spec", "1"), lo=1), _int(spec, "plain", o.get("plain", "1"), lo=1))
+    raise PolicySpecError(f"{spec!r}: unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+
+
+def check_spec(spec: str) -> str:
+    """Validate a spec; return the normalized spec string or raise PolicySpecError."""
+    return build_policy(spec).spec()

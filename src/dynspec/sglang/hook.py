@@ -1,0 +1,465 @@
+"""The runtime side of the dynspec patch: what a patched SGLang imports.
+
+The patched EAGLEWorkerV2 calls `load_controller()` once per TP rank at start-up.
+With DYNSPEC_POLICY unset it returns None and the patched server takes SGLang's
+original code path on every step.  Otherwise it returns a `Controller` that
+
+* asks the policy (wrapped in FailSafePolicy) before every decode step (`decide`),
+* learns from the accepted-token counts the scheduler already has on the CPU
+  (`observe`, called from scheduler_output_processor_mixin: no extra GPU sync),
+* counts steps and switches, logs one line per switch, and reports `stats()`,
+  which the patched scheduler merges into /get_server_info (key "dynspec") and,
+  with --enable-metrics, exports as Prometheus series on /metrics.
+
+Imports: the standard library and dynspec.policy only (dynspec.sim.profile, and with
+it pydantic and yaml, only when DYNSPEC_PROFILE is set).  Never raises out of
+`load_controller`: a missing or broken configuration logs one warning and the
+server speculates as configured.
+
+Tensor parallelism (every rank runs its own Controller; all must decide alike):
+
+* Start: every rank joins one all-reduce MIN (`agree_start`, run by
+  `load_controller(min_sync=...)`): dynspec runs on every rank or on none, and the
+  mean sync hook is used by every rank or by none.  A rank that cannot even import
+  dynspec must still join it, with `min_sync([0.0])`.  Then, after trying to capture
+  the plain-step CUDA graphs, `ctl.agree_plain_graphs(captured)` (one more MIN) says
+  whether every rank has them; if not, every rank runs plain steps eagerly.
+* Running: every `sync_every` steps (and once per bucket just explored, for goodput)
+  the Controller runs one all-reduce mean (the `sync` hook) carrying the policy's
+  step-time sums and counts, a "failed" flag and a checksum of its decision state.
+  If any rank's policy failed or the checksums differ, every rank speculates as
+  configured from that step on (one warning, rank 0).  The schedule depends only on
+  the step stream, so a rank whose policy failed still joins every agreement.
+* Both hooks must be called at the same point on every rank.  Returning before them
+  is safe only on conditions identical on every rank (DYNSPEC_POLICY, server args).
+
+What the 0.5.9 patch calls, on every TP rank, in `EAGLEWorkerV2.__init__`:
+
+    min_sync = _dynspec_tp_min(worker) if tp_size > 1 else None  # all_reduce(op=MIN), cpu group
+    try:
+        from dynspec.sglang_hook import load_controller, plain_cuda_graph_enabled  # the old path: a shim
+    except Exception:
+        if min_sync is not None:
+            min_sync([0.0])  # join the start agreement: dynspec off on every rank
+        return
+    ctl = load_controller(tp_rank=tp_rank, tp_size=tp_size, min_sync=min_sync,
+                          sync_factory=lambda: _dynspec_tp_sync(worker), ...)
+    if ctl is None:
+        return  # None on every rank
+    graphs = _dynspec_capture_plain_graphs(worker) if want_graphs else None
+    worker._dynspec_graphs = graphs if ctl.agree_plain_graphs(graphs is not None) else None
+
+Environment:
+    DYNSPEC_POLICY   policy spec (dynspec.policy.build_policy), e.g. goodput,
+                     threshold:32, table:1-63=on,64-=off.  Unset or empty: inert.
+    DYNSPEC_PROFILE  optional step-cost profile (shipped name or YAML path) that
+                     seeds the goodput policy.
+    DYNSPEC_PLAIN_CUDA_GRAPH  1 (default) capture CUDA graphs for plain steps;
+                     0 run plain steps eagerly (read by the patch, see docs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepRecord, build_policy, state_checksum
+
+ENV_POLICY = "DYNSPEC_POLICY"
+ENV_PROFILE = "DYNSPEC_PROFILE"
+ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
+
+_log = logging.getLogger("dynspec.sglang.hook")
+
+SyncHook = Callable[[list], list]  # all-reduce MEAN over the TP ranks
+MinSyncHook = Callable[[list], list]  # all-reduce MIN over the TP ranks
+
+# A step interval longer than this is a pause (no traffic), not a step time.
+MAX_STEP_TIME_S = 10.0
+
+
+def plain_cuda_graph_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether plain steps should use their own CUDA graphs (DYNSPEC_PLAIN_CUDA_GRAPH)."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PLAIN_GRAPH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Controller:
+    """One TP rank's view of the policy: decisions, counters, switch log, stats.
+
+    Every input to a decision is rank-identical (batch size, accepted-token counts,
+    the step counter, a profile, and step times only after `sync` agreed on them),
+    so every rank switches at the same step.  With more than one rank and a `sync`
+    hook the controller runs the agreements itself, on a schedule that depends only
+    on the step stream (`SyncSchedule`), so a rank whose policy failed still joins
+    them; each carries the policy's values, a "failed" flag and a checksum of the
+    decision state, and if any rank failed or the checksums differ every rank falls
+    back to speculating as configured at the same step.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        spec: str,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        sync: SyncHook | None = None,
+        min_sync: MinSyncHook | None = None,
+        logger: logging.Logger | None = None,
+        profile_name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.policy = policy if isinstance(policy, FailSafePolicy) else FailSafePolicy(policy, logger or _log)
+        self.spec = spec
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.min_sync = min_sync
+        self.profile_name = profile_name
+        self.log = logger or _log
+        self._clock = clock
+        self.plain_step_kind = "eager"  # set by agree_plain_graphs: "cuda_graph" or "eager"
+        # Set when the ranks agreed to stop deciding (a policy failed somewhere, or their
+        # decision states differ): every rank speculates as configured from then on.
+        self.fallback: str | None = None
+        self._use_sync(sync)
+
+        self.step = 0  # decode steps decided
+        self.steps_spec = 0
+        self.steps_plain = 0
+        self.switches = 0
+        self.forced_spec = 0  # policy said plain, the batch could not run plain
+        self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
+        self.mode = "spec"  # the server starts speculating, as configured
+        self.last_switch: dict | None = None
+        self._spec_steps_observed = 0
+        self._accepted_sum = 0
+        self._accepted_n = 0
+
+        self._last_obs_t: float | None = None
+        self._skip_intervals = 1  # the first interval has no start
+        self._lock = threading.Lock()  # stats() may be read from another thread
+        self._prom = None
+
+    def _use_sync(self, sync: SyncHook | None) -> None:
+        self.sync = sync
+        # Step times reach the policy only when they are agreed: one rank, or a sync hook.
+        self.times_agreed = self.tp_size <= 1 or sync is not None
+        self.agreeing = self.tp_size > 1 and sync is not None
+        if self.agreeing:
+            inner = self.policy.inner
+            inner.defer_sync()
+            self._schedule = inner.sync_schedule()
+            self._n_values = len(inner.sync_values())
+
+    # --- before a step ------------------------------------------------------------
+    def decide(self, batch_size: int, can_plain: bool = True) -> bool:
+        """True: speculate this step.  Call exactly once per non-idle decode step."""
+        want = True if self.fallback else self.policy.decide(batch_size)
+        spec = want or not can_plain
+        if not want and not can_plain:
+            self.forced_spec += 1
+        self.step += 1
+        if spec:
+            self.steps_spec += 1
+        else:
+            self.steps_plain += 1
+        mode = "spec" if spec else "plain"
+        if mode != self.mode:
+            self._switch(mode, batch_size)
+        if self._prom is not None:
+            self._prom.step(spec, self)
+        return spec
+
+    def _switch(self, mode: str, batch_size: int) -> None:
+        old = self.mode
+        self.mode = mode
+        self.switches += 1
+        reason = self.fallback or self.policy.reason(batch_size)
+        with self._lock:
+            self.last_switch = {
+                "step": self.step,
+                "batch_size": batch_size,
+                "from": old,
+                "to": mode,
+                "reason": reason,
+                "time": time.time(),
+            }
+        if self.tp_rank == 0:
+            self.log.info(
+                "dynspec: switch %s -> %s at step %d, batch size %d: %s",
+                old, mode, self.step, batch_size, reason,
+            )
+
+    # --- after a step -------------------------------------------------------------
+    def note_resume(self) -> None:
+        """The patch resumed the draft (one 1-token draft forward) before a speculative step."""
+        self.resumes += 1
+
+    def note_other_forward(self) -> None:
+        """A prefill/extend batch ran: the next two result intervals are not decode step times."""
+        self._skip_intervals = 2
+
+    def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = ()) -> None:
+        """Feed one decode step's outcome (accepted draft tokens per request) to the policy."""
+        now = self._clock()
+        step_time = None
+        if self._last_obs_t is not None and self._skip_intervals <= 0:
+            dt = now - self._last_obs_t
+            if 0.0 < dt <= MAX_STEP_TIME_S:
+                step_time = dt
+        self._skip_intervals = max(self._skip_intervals - 1, 0)
+        self._last_obs_t = now
+        if speculated:
+            self._spec_steps_observed += 1
+            if accepted:
+                self._accepted_sum += sum(accepted)
+                self._accepted_n += len(accepted)
+        if self.fallback:
+            return
+        self.policy.observe(
+            StepRecord(
+                batch_size,
+                speculated,
+                tuple(accepted) if speculated else (),
+                step_time if self.times_agreed else None,
+            )
+        )
+        if self.agreeing and self._schedule.due(self.step, batch_size, speculated):
+            self._agree()
+
+    # --- agreement across TP ranks -------------------------------------------------
+    def _agree(self) -> None:
+        """One all-reduce: the policy's values, then "failed", then one checksum slot per
+        rank (each rank fills its own), so every rank reads every rank's checksum."""
+        pol, k, n = self.policy, self._n_values, self.tp_size
+        values, check = [0.0] * k, 0
+        if not pol.failed:
+            try:
+                values = [float(v) for v in pol.inner.sync_values()]
+                if len(values) != k:
+                    raise RuntimeError(f"sync_values gave {len(values)} values, expected {k}")
+                check = state_checksum((self.mode, self.step, pol.inner.state_key()))
+            except Exception as exc:  # noqa: BLE001 - this rank fails; the others learn it below
+                pol.fail("sync", exc)
+                values, check = [0.0] * k, 0
+        slots = [0.0] * n
+        slots[self.tp_rank] = float(check)
+        try:
+            agreed = self.sync(values + [1.0 if pol.failed else 0.0] + slots)
+            if len(agreed) != k + 1 + n:
+                raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {k + 1 + n}")
+        except Exception as exc:  # noqa: BLE001 - no agreement possible: stop deciding here
+            self._fall_back(f"the TP sync failed ({type(exc).__name__}: {exc})", every_rank=False)
+            return
+        if agreed[k] > 0:  # a rank-mean: nonzero when any rank failed
+            self._fall_back("the policy failed on a TP rank")
+            return
+        checks = {round(v * n) for v in agreed[k + 1:]}  # mean * ranks = the one rank's checksum
+        if len(checks) > 1:
+            self._fall_back(f"the TP ranks' decision states differ at step {self.step}")
+            return
+        try:
+            pol.inner.sync_apply(agreed[:k])
+        except Exception as exc:  # noqa: BLE001
+            pol.fail("sync_apply", exc)  # carried to every rank by the next agreement
+
+    def _fall_back(self, why: str, every_rank: bool = True) -> None:
+        self.fallback = f"fallback: {why}"
+        if self.tp_rank == 0 or not every_rank:
+            self.log.warning("dynspec: %s; %s speculates as configured from step %d on",
+                             why, "every TP rank" if every_rank else f"TP rank {self.tp_rank}", self.step)
+
+    def agree_plain_graphs(self, captured: bool) -> bool:
+        """Once per rank after trying to capture the plain-step CUDA graphs: True when
+        every rank has them; False: every rank runs plain steps eagerly."""
+        ok = captured
+        if self.tp_size > 1 and self.min_sync is not None:
+            try:
+                ok = self.min_sync([1.0 if captured else 0.0])[0] >= 1.0
+            except Exception as exc:  # noqa: BLE001 - the server must start; eager is always safe to run
+                self.log.warning("dynspec: the TP min hook failed (%s); plain steps run eagerly", exc)
+                ok = False
+            if captured and not ok and self.tp_rank == 0:
+                self.log.warning("dynspec: plain-step CUDA graphs are missing on a TP rank; "
+                                 "every rank runs plain steps eagerly")
+        self.plain_step_kind = "cuda_graph" if ok else "eager"
+        return ok
+
+    # --- reporting ----------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters for /get_server_info (internal_states[i]["dynspec"])."""
+        with self._lock:
+            last = dict(self.last_switch) if self.last_switch else None
+        return {
+            "policy": self.spec,
+            "profile": self.profile_name,
+            "mode": self.mode,
+            "steps": self.step,
+            "steps_spec": self.steps_spec,
+            "steps_plain": self.steps_plain,
+            "switches": self.switches,
+            "forced_spec": self.forced_spec,
+            "resumes": self.resumes,
+            "policy_failed": bool(getattr(self.policy, "failed", False)),
+            "fallback": self.fallback,
+            "plain_step": self.plain_step_kind,
+            "step_times_used": self.times_agreed,
+            "tp_size": self.tp_size,
+            "mean_accepted_when_speculating": (
+                round(self._accepted_sum / self._accepted_n, 4) if self._accepted_n else None
+            ),
+            "last_switch": last,
+            # What the policy believes, per batch-size bucket (goodput): why it decides as it does.
+            "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
+        }
+
+    def enable_prometheus(self, labels: Mapping[str, str] | None = None, registry=None) -> bool:
+        """Export the counters on /metrics (needs prometheus_client; SGLang has it).
+
+        SGLang's scheduler runs prometheus_client in multiprocess mode and its HTTP
+        server collects every process's series, so the default registry is right."""
+        try:
+            self._prom = _PromExporter(dict(labels or {}), registry)
+        except Exception as exc:  # noqa: BLE001 - metrics are optional
+            self.log.warning("dynspec: Prometheus metrics unavailable (%s); /get_server_info still reports", exc)
+            self._prom = None
+        return self._prom is not None
+
+
+class _PromExporter:
+    """dynspec_* series for SGLang's /metrics (prometheus multiprocess mode)."""
+
+    def __init__(self, labels: dict[str, str], registry=None):
+        from prometheus_client import REGISTRY, Counter, Gauge  # imported only with --enable-metrics
+
+        reg = REGISTRY if registry is None else registry
+        names = sorted(labels)
+        self.labels = labels
+        self.spec = Counter("dynspec_steps_speculative", "Decode steps that speculated", names, registry=reg)
+        self.plain = Counter("dynspec_steps_plain", "Decode steps decoded plainly", names, registry=reg)
+        self.switches = Counter("dynspec_switches", "Speculate/plain mode switches", names, registry=reg)
+        self.mode = Gauge("dynspec_mode", "1 while speculating, 0 while plain", names,
+                          multiprocess_mode="mostrecent", registry=reg)
+        self._switches_seen = 0
+        self._c_spec = self.spec.labels(**labels) if names else self.spec
+        self._c_plain = self.plain.labels(**labels) if names else self.plain
+        self._c_sw = self.switches.labels(**labels) if names else self.switches
+        self._g_mode = self.mode.labels(**labels) if names else self.mode
+        self._g_mode.set(1)
+
+    def step(self, spec: bool, ctl: Controller) -> None:
+        (self._c_spec if spec else self._c_plain).inc()
+        if ctl.switches != self._switches_seen:
+            self._c_sw.inc(ctl.switches - self._switches_seen)
+            self._switches_seen = ctl.switches
+            self._g_mode.set(1 if spec else 0)
+
+
+def _warn(logger: logging.Logger, tp_rank: int, msg: str, *args) -> None:
+    if tp_rank == 0:
+        logger.warning(msg, *args)
+
+
+def load_controller(
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    sync: SyncHook | None = None,
+    sync_factory: Callable[[], SyncHook | None] | None = None,
+    min_sync: MinSyncHook | None = None,
+    initial_steps: int = 3,
+    env: Mapping[str, str] | None = None,
+    logger: logging.Logger | None = None,
+) -> Controller | None:
+    """Build the controller from the environment; None when DYNSPEC_POLICY is unset.
+
+    `sync`: an all-reduce-mean hook over the TP ranks, or `sync_factory` that builds
+    one (called only when a policy is configured); needed for measured step times
+    to count, and for the ranks' agreements, when tp_size > 1.
+    `min_sync`: an all-reduce-min hook over the TP ranks.  With it (and tp_size > 1)
+    every rank that gets here joins one MIN at the end (`agree_start`): if any rank
+    could not start, every rank returns None; if any rank has no sync hook, none uses
+    one.  Without it each rank decides that alone.
+    Any failure here logs one warning (rank 0) and returns None: the server then
+    speculates on every step exactly as configured.
+    """
+    env = os.environ if env is None else env
+    logger = logger or _log
+    spec = (env.get(ENV_POLICY) or "").strip()
+    if not spec:
+        return None
+    ctl = _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger)
+    if tp_size > 1 and min_sync is not None:
+        ctl = agree_start(ctl, min_sync, tp_rank, logger)
+    if ctl is not None and tp_rank == 0:
+        logger.info(
+            "dynspec: policy %s is live (profile: %s, TP ranks: %d, step times: %s); "
+            "one log line per speculate/plain switch follows",
+            spec, ctl.profile_name or "none", tp_size,
+            "used" if ctl.times_agreed else "unused (no TP sync)",
+        )
+    return ctl
+
+
+def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger) -> Controller | None:
+    try:
+        profile = None
+        profile_name = (env.get(ENV_PROFILE) or "").strip() or None
+        if profile_name:
+            from dynspec.sim.profile import load_profile  # pydantic/yaml only when asked for
+
+            profile = load_profile(profile_name)
+        hook: SyncHook | None = None
+        if tp_size > 1:
+            try:
+                hook = sync if sync is not None else (sync_factory() if sync_factory else None)
+            except Exception as exc:  # noqa: BLE001
+                _warn(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
+                      "the policy decides from batch size, acceptance and profile", exc)
+                hook = None
+        policy = build_policy(spec, profile=profile, sync=hook if tp_size > 1 else None,
+                              initial_steps=initial_steps)
+        return Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
+                          logger=logger, profile_name=profile_name)
+    except PolicySpecError as exc:
+        _warn(logger, tp_rank, "dynspec: DYNSPEC_POLICY=%r is invalid (%s); dynspec is OFF and the server "
+              "speculates on every step as configured", spec, exc)
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
+        _warn(logger, tp_rank, "dynspec: cannot start policy %r (%s: %s); dynspec is OFF and the server "
+              "speculates on every step as configured", spec, type(exc).__name__, exc)
+    return None
+
+
+def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
+                logger: logging.Logger) -> Controller | None:
+    """Every rank, once: MIN over one value (0: no controller, 1: one without a sync hook,
+    2: one with); all ranks keep dynspec (and the hook) or none does."""
+    mine = 0.0 if ctl is None else (2.0 if ctl.sync is not None else 1.0)
+    try:
+        agreed = min_sync([mine])[0]
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
+        logger.warning("dynspec: the TP min hook failed (%s); dynspec is OFF on TP rank %d", exc, tp_rank)
+        return None
+    if agreed < 1.0:
+        if ctl is not None:
+            _warn(logger, tp_rank, "dynspec: could not start on every TP rank; dynspec is OFF on every rank "
+                  "and the server speculates on every step as configured")
+        return None
+    if agreed < 2.0 and ctl.sync is not None:
+        _warn(logger, tp_rank, "dynspec: the TP sync hook is missing on a TP rank; step times unused on "
+              "every rank, the policy decides from batch size, acceptance and profile")
+        ctl._use_sync(None)
+    return ctl
+
+
+def _estimates(policy) -> dict | None:
+    """A policy's per-bucket estimates for /get_server_info, or None if it keeps none."""
+    est = getattr(policy, "estimates", None)
+    try:
+        return est() if callable(est) else None
+    except Exception:  # noqa: BLE001 - reporting must never break serving
+        return None

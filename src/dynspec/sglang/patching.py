@@ -1,0 +1,742 @@
+"""`dynspec patch status|apply|revert`: put dynspec's switch into an installed SGLang.
+
+Patches live in patches/sglang-<version>/ (canonical copy: src/dynspec/sglang/patches/, so
+they ship inside the package; the top-level patches/ folder of a checkout links to
+it).  Each folder holds a short series of unified diffs, applicable with
+`patch -p1` from the site-packages directory, and manifest.json:
+
+    {"format": 1, "package": "sglang", "version": "0.5.9",
+     "patches": [{"file": "0001-....patch", "sha256": "..."}, ...],
+     "files": {"sglang/srt/...py": {"upstream_sha256": "...", "patched_sha256": "..."}}}
+
+The tool applies the diffs with its own pure-Python applier, in memory, and checks
+every result against the manifest before it writes anything.  Writes go through
+temporary files and os.replace, all files or none (rolled back on failure).  The
+upstream bytes are kept in <sglang>/.dynspec-backup/ for revert, which restores
+them byte for byte (or, if the backup is gone, reverse-applies the series and
+checks the upstream hash).
+
+Each apply and revert is journalled (<sglang>/.dynspec-journal.json, written before
+the first rename, removed after the last): one a crash interrupted is finished by the
+next apply or revert, and `status` says "interrupted" until then.
+
+Exit status: 0 done (or nothing to do); 1 `status` found foreign-modified,
+interrupted or unsupported-version; 2 refused (one line on stderr, nothing changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PATCHES = "DYNSPEC_PATCHES"
+BACKUP_DIR = ".dynspec-backup"
+BACKUP_STATE = "state.json"
+MANIFEST = "manifest.json"
+
+EXIT_OK, EXIT_STATE, EXIT_REFUSED = 0, 1, 2
+
+UNPATCHED, PATCHED, FOREIGN, UNSUPPORTED = "unpatched", "patched", "foreign-modified", "unsupported-version"
+INTERRUPTED = "interrupted"
+
+
+class Refusal(Exception):
+    """Refuse the operation: one line for the user, exit 2, nothing changed."""
+
+
+class PatchFormatError(ValueError):
+    """A patch file that is not a well-formed unified diff."""
+
+
+class PatchApplyError(ValueError):
+    """A hunk whose context does not match the file."""
+
+
+# --- unified diffs ---------------------------------------------------------------------
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass
+class Hunk:
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (tag ' '|'-'|'+', text with newline)
+
+    def side(self, reverse: bool) -> tuple[int, int, list[str], list[str]]:
+        """(start, length, lines expected in the source, lines to write) for one direction."""
+        src_tags, dst_tags = (" +", " -") if reverse else (" -", " +")
+        src = [t for tag, t in self.lines if tag in src_tags]
+        dst = [t for tag, t in self.lines if tag in dst_tags]
+        start, length = (self.new_start, self.new_len) if reverse else (self.old_start, self.old_len)
+        return start, length, src, dst
+
+
+@dataclass
+class FilePatch:
+    path: str  # relative to the site-packages root (after stripping a/ or b/: -p1)
+    hunks: list[Hunk]
+
+
+def _strip_path(token: str) -> str:
+    token = token.split("\t", 1)[0].strip()
+    if token == "/dev/null":
+        return token
+    parts = token.split("/", 1)
+    if len(parts) != 2 or not parts[1]:
+        raise PatchFormatError(f"path {token!r} has no a/ or b/ prefix to strip (-p1)")
+    return parts[1]
+
+
+def parse_unified(text: str) -> list[FilePatch]:
+    """Parse a unified diff (one or more files) into FilePatch objects."""
+    lines = text.splitlines(keepends=True)
+    out: list[FilePatch] = []
+    i, n = 0, len(lines)
+    while i < n:
+        if not (lines[i].startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ ")):
+            if lines[i].startswith("@@"):
+                raise PatchFormatError(f"line {i + 1}: hunk outside a file header")
+            i += 1  # preamble: 'diff ...', 'Index:', comments
+            continue
+        old, new = _strip_path(lines[i][4:]), _strip_path(lines[i + 1][4:])
+        if old == "/dev/null" or new == "/dev/null" or old != new:
+            raise PatchFormatError(f"line {i + 1}: only in-place edits of one file are supported ({old} -> {new})")
+        i += 2
+        hunks: list[Hunk] = []
+        while i < n and lines[i].startswith("@@"):
+            m = _HUNK.match(lines[i])
+            if not m:
+                raise PatchFormatError(f"line {i + 1}: malformed hunk header {lines[i].rstrip()!r}")
+            h = Hunk(int(m[1]), int(m[2] or 1), int(m[3]), int(m[4] or 1))
+            i += 1
+            need_old, need_new = h.old_len, h.new_len
+            while need_old > 0 or need_new > 0:
+                if i >= n:
+                    raise PatchFormatError(f"{new}: hunk @@ -{h.old_start} ends early (truncated patch?)")
+                line = lines[i]
+                tag, body = line[:1], line[1:]
+                if line in ("\n", "\r\n"):  # a context line whose leading space was stripped
+                    tag, body = " ", line
+                if tag == "\\":
+                    raise PatchFormatError(f"line {i + 1}: misplaced '\\ No newline' marker")
+                if tag not in " -+":
+                    raise PatchFormatError(f"line {i + 1}: unexpected {line[:20]!r} inside a hunk of {new}")
+                if tag in " -":
+                    need_old -= 1
+                if tag in " +":
+                    need_new -= 1
+                if need_old < 0 or need_new < 0:
+                    raise PatchFormatError(f"line {i + 1}: hunk of {new} longer than its header says")
+                h.lines.append((tag, body))
+                i += 1
+                if i < n and lines[i].startswith("\\"):  # '\ No newline at end of file'
+                    h.lines[-1] = (tag, body.rstrip("\r\n"))
+                    i += 1
+            hunks.append(h)
+        if not hunks:
+            raise PatchFormatError(f"{new}: file header with no hunks")
+        out.append(FilePatch(new, hunks))
+    if not out:
+        raise PatchFormatError("no file diffs found")
+    return out
+
+
+def apply_hunks(text: str, hunks: list[Hunk], *, reverse: bool = False, name: str = "file") -> str:
+    """Apply (or reverse) hunks to text; every context and removed line must match exactly."""
+    old = text.splitlines(keepends=True)
+    out: list[str] = []
+    pos = 0
+    for h in hunks:
+        start, length, src, dst = h.side(reverse)
+        begin = start - 1 if length > 0 else start  # a pure insertion names the line before it
+        if begin < pos or begin + len(src) > len(old) or old[begin:begin + len(src)] != src:
+            raise PatchApplyError(f"{name}: hunk at line {start} does not match")
+        out.extend(old[pos:begin])
+        out.extend(dst)
+        pos = begin + len(src)
+    out.extend(old[pos:])
+    return "".join(out)
+
+
+# --- patch sets and manifests ----------------------------------------------------------
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def patches_root() -> Path:
+    """Where patches/sglang-<version>/ folders live: $DYNSPEC_PATCHES, else inside the package."""
+    env = os.environ.get(ENV_PATCHES, "").strip()
+    return Path(env) if env else Path(__file__).resolve().parent / "patches"
+
+
+def available_versions(root: Path | None = None) -> list[str]:
+    root = root or patches_root()
+    if not root.is_dir():
+        return []
+    found = [p.name[len("sglang-"):] for p in root.iterdir()
+             if p.name.startswith("sglang-") and (p / MANIFEST).is_file()]
+    return sorted(found, key=_version_key)
+
+
+def _version_key(v: str):
+    return [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"[.+-]", v)]
+
+
+@dataclass
+class PatchSet:
+    version: str
+    folder: Path
+    patches: list[tuple[str, list[FilePatch]]]  # series order
+    files: dict[str, tuple[str, str]]  # rel path -> (upstream sha256, patched sha256)
+
+
+def load_patchset(version: str, root: Path | None = None) -> PatchSet | None:
+    """The patch series for one sglang version; None if dynspec has none; Refusal if damaged."""
+    folder = (root or patches_root()) / f"sglang-{version}"
+    mpath = folder / MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("format") != 1 or manifest.get("version") != version:
+            raise ValueError(f"format/version fields say {manifest.get('format')!r}/{manifest.get('version')!r}")
+        files = {rel: (str(v["upstream_sha256"]), str(v["patched_sha256"]))
+                 for rel, v in manifest["files"].items()}
+        entries = [(str(e["file"]), str(e["sha256"])) for e in manifest["patches"]]
+        if not entries or not files:
+            raise ValueError("no patches or no files listed")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Refusal(f"damaged patch set {folder}: bad {MANIFEST} ({exc})") from None
+    patches = []
+    touched: set[str] = set()
+    for name, digest in entries:
+        p = folder / name
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise Refusal(f"damaged patch set {folder}: cannot read {name} ({exc.strerror})") from None
+        if sha256(data) != digest:
+            raise Refusal(f"damaged patch file {p}: sha256 differs from {MANIFEST}")
+        try:
+            fps = parse_unified(_decode(data))
+        except PatchFormatError as exc:
+            raise Refusal(f"damaged patch file {p}: {exc}") from None
+        for fp in fps:
+            if fp.path not in files:
+                raise Refusal(f"damaged patch set {folder}: {name} touches {fp.path}, not listed in {MANIFEST}")
+            touched.add(fp.path)
+        patches.append((name, fps))
+    if touched != set(files):
+        missing = ", ".join(sorted(set(files) - touched))
+        raise Refusal(f"damaged patch set {folder}: {MANIFEST} lists files no patch touches: {missing}")
+    return PatchSet(version, folder, patches, files)
+
+
+def render(ps: PatchSet, contents: dict[str, bytes], *, reverse: bool = False) -> dict[str, bytes]:
+    """Apply the series (or reverse it) to contents {rel: bytes}; PatchApplyError on mismatch."""
+    texts = {rel: _decode(b) for rel, b in contents.items()}
+    series = list(reversed(ps.patches)) if reverse else ps.patches
+    for _, fps in series:
+        for fp in fps:
+            texts[fp.path] = apply_hunks(texts[fp.path], fp.hunks, reverse=reverse, name=fp.path)
+    return {rel: _encode(t) for rel, t in texts.items()}
+
+
+def build_manifest(version: str, folder: Path, upstream_root: Path) -> dict:
+    """Manifest for the .patch files in `folder` against an upstream sglang tree (maintainers)."""
+    names = sorted(p.name for p in folder.glob("*.patch"))
+    if not names:
+        raise Refusal(f"no .patch files in {folder}")
+    ps = PatchSet(version, folder, [], {})
+    upstream: dict[str, bytes] = {}
+    for name in names:
+        fps = parse_unified(_decode((folder / name).read_bytes()))
+        ps.patches.append((name, fps))
+        for fp in fps:
+            if fp.path not in upstream:
+                upstream[fp.path] = (upstream_root / fp.path).read_bytes()
+    patched = render(ps, upstream)
+    return {
+        "format": 1,
+        "package": "sglang",
+        "version": version,
+        "patches": [{"file": n, "sha256": sha256((folder / n).read_bytes())} for n in names],
+        "files": {rel: {"upstream_sha256": sha256(upstream[rel]), "patched_sha256": sha256(patched[rel])}
+                  for rel in sorted(upstream)},
+    }
+
+
+# --- the installed sglang --------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    root: Path  # the directory that holds sglang/ (site-packages)
+    version: str | None
+
+    @property
+    def pkg(self) -> Path:
+        return self.root / "sglang"
+
+    @property
+    def backup(self) -> Path:
+        return self.pkg / BACKUP_DIR
+
+
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+
+
+def read_version(pkg: Path) -> str | None:
+    """sglang's version without importing it: _version.py, else the dist-info next to it."""
+    vfile = pkg / "_version.py"
+    if vfile.is_file():
+        m = _VERSION_RE.search(vfile.read_text(errors="replace"))
+        if m:
+            return m[1]
+    for meta in sorted(pkg.parent.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+    return None
+
+
+def find_sglang(path: str | os.PathLike | None = None) -> Target:
+    """The sglang to patch: --sglang-path (site-packages dir or the sglang dir), else the
+    one this Python would import (located without importing it)."""
+    if path is not None:
+        p = Path(path).expanduser()
+        if (p / "sglang" / "__init__.py").is_file():
+            root = p
+        elif p.name == "sglang" and (p / "__init__.py").is_file():
+            root = p.parent
+        else:
+            raise Refusal(f"no sglang found at {p} (give the site-packages directory or the sglang package directory)")
+    else:
+        try:
+            spec = importlib.util.find_spec("sglang")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise Refusal(f"no sglang found for {sys.executable}; install sglang or pass --sglang-path DIR")
+        root = Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    return Target(root, read_version(root / "sglang"))
+
+
+@dataclass
+class Status:
+    state: str
+    target: Target
+    patchset: PatchSet | None
+    current: dict[str, bytes | None] = field(default_factory=dict)
+    detail: str = ""
+
+    def line(self) -> str:
+        version = self.target.version or "unknown"
+        text = f"{self.state} {version} {self.target.pkg}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+def status(target: Target, root: Path | None = None) -> Status:
+    if (target.pkg / JOURNAL).exists() or (target.pkg / JOURNAL).is_symlink():
+        return Status(INTERRUPTED, target, None, detail=f"an apply or revert was interrupted ({target.pkg / JOURNAL}); "
+                                                        f"`dynspec patch apply` or `revert` finishes it")
+    if target.version is None:
+        return Status(UNSUPPORTED, target, None, detail="cannot read sglang's version")
+    ps = load_patchset(target.version, root)
+    if ps is None:
+        have = ", ".join(available_versions(root)) or "none"
+        return Status(UNSUPPORTED, target, None, detail=f"dynspec has patches for sglang {have}")
+    current: dict[str, bytes | None] = {}
+    states = []
+    for rel, (up, patched) in ps.files.items():
+        f = target.root / rel
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            current[rel] = None
+            states.append((rel, "missing"))
+            continue
+        except OSError as exc:
+            raise Refusal(f"cannot read {f} ({exc.strerror})") from None
+        current[rel] = data
+        h = sha256(data)
+        states.append((rel, "upstream" if h == up else "patched" if h == patched else "other"))
+    kinds = {s for _, s in states}
+    if kinds == {"upstream"}:
+        return Status(UNPATCHED, target, ps, current)
+    if kinds == {"patched"}:
+        return Status(PATCHED, target, ps, current)
+    odd = [f"{rel} ({s})" for rel, s in states if s in ("other", "missing")]
+    if odd:
+        detail = f"{odd[0]} matches neither the upstream {ps.version} file nor dynspec's patched one"
+        if len(odd) > 1:
+            detail += f" (+{len(odd) - 1} more)"
+    else:
+        done = sum(1 for _, s in states if s == "patched")
+        detail = f"partly patched ({done} of {len(states)} files)"
+    return Status(FOREIGN, target, ps, current, detail)
+
+
+# --- writing: all files or none, across crashes -----------------------------------------
+#
+# Every new file is first a fsynced temp file beside its target.  Then a journal
+# (<sglang>/.dynspec-journal.json) lists each temp, its target and the new bytes' hash,
+# and only then do the renames start; the journal goes once the last one is done.  A
+# crash between renames leaves the journal, and the next apply or revert finishes the
+# renames from the temps (roll forward: every temp was complete before the first rename).
+
+JOURNAL = ".dynspec-journal.json"
+TMP_SUFFIX = ".dynspec-tmp"
+# Called with a label after the journal is written, after each rename and after the backup goes;
+# tests set it to widen the window in which a kill interrupts an operation.
+AFTER_STEP = None
+
+
+def _step(label: str) -> None:
+    if AFTER_STEP is not None:
+        AFTER_STEP(label)
+
+
+def _check_writable(paths: list[Path]) -> None:
+    for p in paths:
+        d = p if p.is_dir() else p.parent
+        if not os.access(d, os.W_OK | os.X_OK) or (p.is_file() and not os.access(p, os.W_OK)):
+            raise Refusal(f"no write permission for {p}")
+
+
+def _check_no_links(root: Path, paths: list[Path]) -> None:
+    """Refuse a target, or a folder on the way to it below root, that is a symbolic link:
+    a rename would replace the link with a file, a write into a linked folder lands outside the tree."""
+    for p in paths:
+        rel = p.relative_to(root)
+        for k in range(2, len(rel.parts) + 1):  # the installed package folder itself may be a link
+            q = root.joinpath(*rel.parts[:k])
+            if q.is_symlink():
+                raise Refusal(f"{q} is a symbolic link; dynspec replaces regular files in real folders only")
+
+
+def _temp(path: Path, data: bytes, mode: int) -> Path:
+    """A new file beside path holding data, synced (mkstemp: O_EXCL, never follows a link)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, mode)
+    return Path(tmp)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(target: Target, files: dict[Path, bytes], *, op: str, remove: Path | None = None) -> None:
+    """Replace every file with new bytes, or none (then remove the folder `remove`), through the
+    journal; a failing rename rolls back the ones already done."""
+    root = target.root
+    _check_no_links(root, list(files) + [target.pkg / JOURNAL] + ([remove] if remove else []))
+    temps: dict[Path, Path] = {}
+    saved: dict[Path, bytes | None] = {}
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            saved[path] = path.read_bytes() if path.exists() else None
+            temps[path] = _temp(path, data, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
+        journal = {"format": 1, "op": op,
+                   "renames": [{"path": str(p.relative_to(root)), "tmp": str(t.relative_to(root)),
+                                "sha256": sha256(files[p])} for p, t in temps.items()],
+                   "remove": str(remove.relative_to(root)) if remove else None}
+        os.replace(_temp(target.pkg / JOURNAL, (json.dumps(journal, indent=2) + "\n").encode(), 0o644),
+                   target.pkg / JOURNAL)
+        _fsync_dir(target.pkg)
+    except OSError as exc:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, PermissionError):
+            raise Refusal(f"no write permission for {exc.filename or 'a target directory'}") from None
+        raise Refusal(f"cannot write ({exc}); nothing changed") from None
+    _step("journal")
+    done: list[Path] = []
+    try:
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            done.append(path)
+            _step(f"rename {path.relative_to(root)}")
+    except OSError as exc:
+        for path in done:  # roll back what was already replaced
+            old = saved[path]
+            if old is None:
+                path.unlink(missing_ok=True)
+            else:
+                os.replace(_temp(path, old, path.stat().st_mode & 0o7777), path)
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        (target.pkg / JOURNAL).unlink(missing_ok=True)
+        raise Refusal(f"write failed ({exc}); rolled back, nothing changed") from None
+    for d in {p.parent for p in temps}:
+        _fsync_dir(d)
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
+        _step("remove")
+    (target.pkg / JOURNAL).unlink()
+
+
+def _journal_entry(root: Path, rel: object, what: str, jpath: Path) -> Path:
+    """A path the journal names, only if it stays inside the tree (a planted journal moves nothing)."""
+    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise Refusal(f"{jpath}: damaged journal ({what} {rel!r}); remove it after checking the files")
+    return root / rel
+
+
+def recover(target: Target, root: Path | None = None) -> str:
+    """Finish an apply or revert a crash interrupted, and clear stray temp files;
+    returns what was done ("" when there was nothing)."""
+    jpath = target.pkg / JOURNAL
+    note = ""
+    if jpath.is_symlink():
+        raise Refusal(f"{jpath} is a symbolic link; remove it")
+    if jpath.exists():
+        from dynspec.io.jsonl import read_json
+
+        j = read_json(jpath, Refusal)
+        if not isinstance(j, dict) or j.get("op") not in ("apply", "revert") or not isinstance(j.get("renames"), list):
+            raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
+        todo: list[tuple[Path, Path]] = []  # every entry is checked before the first rename
+        for r in j["renames"]:
+            if not isinstance(r, dict):
+                raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
+            path = _journal_entry(target.root, r.get("path"), "path", jpath)
+            tmp = _journal_entry(target.root, r.get("tmp"), "tmp", jpath)
+            if tmp.parent != path.parent or not tmp.name.endswith(TMP_SUFFIX):
+                raise Refusal(f"{jpath}: damaged journal (temp {tmp} is not beside {path})")
+            _check_no_links(target.root, [path, tmp])
+            if tmp.is_file() and sha256(tmp.read_bytes()) == r.get("sha256"):
+                todo.append((tmp, path))
+            elif not (path.is_file() and sha256(path.read_bytes()) == r.get("sha256")):
+                raise Refusal(f"cannot finish the interrupted {j['op']}: {path} is not its new version and its "
+                              f"temp file is gone; nothing changed")
+        gone = None
+        if j.get("remove") is not None:
+            gone = _journal_entry(target.root, j["remove"], "remove", jpath)
+            if gone != target.backup:
+                raise Refusal(f"{jpath}: damaged journal (would remove {gone})")
+        for tmp, path in todo:
+            os.replace(tmp, path)
+        if gone is not None:
+            shutil.rmtree(gone, ignore_errors=True)
+        jpath.unlink()
+        note = f"finished an interrupted {j['op']}; "
+    _clean_strays(target, root)
+    return note
+
+
+def _clean_strays(target: Target, root: Path | None) -> None:
+    """Temp files an interrupted operation left before its journal was written."""
+    dirs = {target.pkg}
+    ps = load_patchset(target.version, root) if target.version is not None else None
+    for rel in ps.files if ps else ():
+        dirs |= {(target.root / rel).parent, (target.backup / rel).parent}
+    dirs.add(target.backup)
+    for d in dirs:
+        if d.is_dir() and not d.is_symlink():
+            for stray in d.glob(f".*{TMP_SUFFIX}"):
+                stray.unlink(missing_ok=True)
+
+
+# --- the operations --------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    code: int
+    message: str
+
+
+def _require(st: Status) -> PatchSet:
+    if st.state == UNSUPPORTED:
+        raise Refusal(f"refused: sglang {st.target.version or '(unknown version)'} at {st.target.pkg} is "
+                      f"unsupported ({st.detail}); nothing changed")
+    assert st.patchset is not None
+    return st.patchset
+
+
+def _begin(target: Target, dry_run: bool, root: Path | None) -> tuple[str, Status]:
+    """Before apply or revert: the backup folder must be real, an interrupted operation is finished."""
+    _check_no_links(target.root, [target.backup])
+    if dry_run:
+        st = status(target, root)
+        if st.state == INTERRUPTED:
+            raise Refusal(f"{st.detail} (a dry run changes nothing)")
+        return "", st
+    note = recover(target, root)
+    return note, status(target, root)
+
+
+def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    note, st = _begin(target, dry_run, root)
+    ps = _require(st)
+    where = f"sglang {ps.version} at {target.pkg}"
+    if st.state == PATCHED:
+        return Outcome(EXIT_OK, f"{note}already patched: {where}" + ("" if note else "; nothing changed"))
+    if st.state == FOREIGN:
+        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
+    originals = {rel: data for rel, data in st.current.items() if data is not None}
+    try:
+        patched = render(ps, originals)
+    except PatchApplyError as exc:
+        raise Refusal(f"damaged patch set {ps.folder}: {exc}; nothing changed") from None
+    for rel, data in patched.items():
+        if sha256(data) != ps.files[rel][1]:
+            raise Refusal(f"damaged patch set {ps.folder}: patched {rel} does not match {MANIFEST}; nothing changed")
+    if dry_run:
+        return Outcome(EXIT_OK, f"would patch {where}: {len(patched)} files ({', '.join(sorted(patched))})")
+    paths = [target.root / rel for rel in patched]
+    _check_writable(paths + [target.pkg])
+    # The backup (upstream bytes + state) goes in the same transaction as the patched files.
+    state = {"package": "sglang", "version": ps.version,
+             "files": {rel: ps.files[rel][0] for rel in sorted(patched)}}
+    writes: dict[Path, bytes] = {target.backup / rel: originals[rel] for rel in patched}
+    writes[target.backup / BACKUP_STATE] = (json.dumps(state, indent=2) + "\n").encode()
+    writes.update({target.root / rel: data for rel, data in patched.items()})
+    backup_existed = target.backup.exists()
+    try:
+        write_all(target, writes, op="apply")
+    except Refusal:
+        if not backup_existed:
+            shutil.rmtree(target.backup, ignore_errors=True)
+        raise
+    after = status(target, root)
+    if after.state != PATCHED:  # should not happen: every byte was checked above
+        raise Refusal(f"apply left {where} {after.state}: {after.detail}")
+    return Outcome(EXIT_OK, f"{note}patched: {where}: {len(patched)} files; upstream copies kept in {target.backup} for revert")
+
+
+def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> dict[str, bytes]:
+    """The upstream files: from the backup when it is intact, else by reversing the series."""
+    out: dict[str, bytes] = {}
+    for rel, (up, _) in ps.files.items():
+        b = target.backup / rel
+        try:
+            data = b.read_bytes()
+        except OSError:
+            break
+        if sha256(data) != up:
+            break
+        out[rel] = data
+    else:
+        return out
+    try:
+        out = render(ps, current, reverse=True)
+    except PatchApplyError as exc:
+        raise Refusal(f"cannot rebuild the upstream files ({exc}); nothing changed") from None
+    for rel, data in out.items():
+        if sha256(data) != ps.files[rel][0]:
+            raise Refusal(f"cannot rebuild upstream {rel} (no intact backup in {target.backup}); nothing changed")
+    return out
+
+
+def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    note, st = _begin(target, dry_run, root)
+    ps = _require(st)
+    where = f"sglang {ps.version} at {target.pkg}"
+    if st.state == UNPATCHED:
+        return Outcome(EXIT_OK, f"{note}not patched: {where}" + ("" if note else "; nothing to revert"))
+    if st.state == FOREIGN:
+        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
+    current = {rel: data for rel, data in st.current.items() if data is not None}
+    upstream = _upstream_bytes(target, ps, current)
+    if dry_run:
+        return Outcome(EXIT_OK, f"would revert {where}: {len(upstream)} files ({', '.join(sorted(upstream))})")
+    paths = [target.root / rel for rel in upstream]
+    _check_writable(paths)
+    write_all(target, {target.root / rel: data for rel, data in upstream.items()}, op="revert", remove=target.backup)
+    after = status(target, root)
+    if after.state != UNPATCHED:
+        raise Refusal(f"revert left {where} {after.state}: {after.detail}")
+    return Outcome(EXIT_OK, f"{note}reverted: {where}: {len(upstream)} files restored byte for byte")
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.patch_command == "manifest":
+            return _manifest(args)
+        target = find_sglang(args.sglang_path)
+        if args.patch_command == "status":
+            st = status(target)
+            print(st.line())
+            return EXIT_OK if st.state in (UNPATCHED, PATCHED) else EXIT_STATE
+        op = do_apply if args.patch_command == "apply" else do_revert
+        out = op(target, dry_run=args.dry_run)
+        print(out.message)
+        return out.code
+    except Refusal as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("refused") else f"refused: {msg}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    target = find_sglang(args.sglang_path)
+    version = args.version or target.version
+    if not version:
+        raise Refusal("cannot read sglang's version; pass --version")
+    folder = patches_root() / f"sglang-{version}"
+    manifest = build_manifest(version, folder, target.root)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {folder / MANIFEST}: {len(manifest['patches'])} patches, {len(manifest['files'])} files")
+    return EXIT_OK
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("patch", help="patch an installed SGLang with dynspec's speculate/plain switch",
+                       description="Apply, revert or inspect dynspec's patch of an installed SGLang. "
+                                   "Refusals exit 2 with one line and change nothing.")
+    psub = p.add_subparsers(dest="patch_command", required=True, metavar="ACTION")
+    helps = {
+        "status": "print one line: unpatched|patched|foreign-modified|interrupted|unsupported-version, the version, the path",
+        "apply": "patch sglang (atomic, idempotent; keeps what revert needs)",
+        "revert": "restore every touched file byte for byte",
+    }
+    for name, text in helps.items():
+        a = psub.add_parser(name, help=text)
+        a.add_argument("--sglang-path", metavar="DIR",
+                       help="site-packages directory (or the sglang package directory); "
+                            "default: the sglang this Python imports")
+        a.add_argument("--dry-run", action="store_true", help="check everything, write nothing")
+        a.set_defaults(func=_run)
+    m = psub.add_parser("manifest", help="(maintainers) regenerate manifest.json from the .patch files "
+                                         "and a pristine sglang")
+    m.add_argument("--sglang-path", metavar="DIR", help="a pristine (unpatched) sglang of that version")
+    m.add_argument("--version", help="default: the version found at --sglang-path")
+    m.set_defaults(func=_run, dry_run=False)
