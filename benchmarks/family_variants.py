@@ -1,0 +1,88 @@
+"""goodput variants on a generated family's hardest member-levels, and the closed loop's drain (#14).
+
+Reads the CSV that `benchmarks/envelope.py --family N --out F.csv` wrote, takes the dynamic arm's
+`--worst` lowest member-levels (against the switching server's max(never, EAGLE-3)) and a seeded
+random sample of `--sample` others, and simulates each goodput spec given on them: min / p5 /
+median / mean of the ratio, for the worst and the sample apart, so a variant that lifts the tail
+at the median's expense shows it.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/family_variants.py F.csv goodput goodput:lead=0.1
+
+With `--drain M:C ...`, instead: member M of the family at concurrency C with max(5C, 50) and
+max(20C, 50) prompts, EAGLE-3 / never and dynamic / max(never, EAGLE-3): how much of a level's
+loss is the closed loop's finite run (the last requests draining at a low batch) rather than the
+steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pandas as pd
+
+from dynspec.analysis.family import member
+from dynspec.sim.run import simulate_level
+
+
+def tps(m, arm: str, c: int, num_prompts: int | None = None) -> float:
+    row = simulate_level(m.profile(), arm, c, input_len=m.input_len, output_len=m.output_len, seed=0,
+                         num_prompts=num_prompts)[0]
+    return row["output_throughput"]
+
+
+def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: int) -> None:
+    d = pd.read_csv(csv)
+    piv = d.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
+    own = piv[["never", "eagle3"]].max(axis=1)
+    base = (piv["dynamic"] / own).sort_values()
+    hard = list(base.index[:worst])
+    others = random.Random(1).sample([k for k in base.index[worst:]], min(sample, len(base) - worst))
+    members: dict = {}
+    rows = []
+    for key in hard + others:
+        m = members.setdefault(key[0], member(family_seed, key[0]))
+        row = {"set": "worst" if key in hard else "sample", "dynamic (from the CSV)": base[key]}
+        for s in specs:
+            row[s] = tps(m, f"policy:{s}", key[1]) / own[key]
+        rows.append(row)
+    r = pd.DataFrame(rows)
+    for col in ["dynamic (from the CSV)", *specs]:
+        for name, sub in r.groupby("set"):
+            x = sub[col]
+            print(f"{col:36s} {name:7s} (n={len(x)}) of max(never, EAGLE-3): min {x.min():.3f}  p5 {x.quantile(.05):.3f}"
+                  f"  median {x.median():.3f}  mean {x.mean():.4f}")
+
+
+def drain(points: list[str], family_seed: int) -> None:
+    for point in points:
+        mi, c = (int(v) for v in point.split(":"))
+        m = member(family_seed, mi)
+        for k in (5, 20):
+            n = max(k * c, 50)
+            t = {a: tps(m, a, c, n) for a in ("eagle3", "policy:never", "dynamic")}
+            own = max(t["eagle3"], t["policy:never"])
+            print(f"member {mi} C={c} {n:5d} prompts: EAGLE-3 / never {t['eagle3'] / t['policy:never']:.3f}"
+                  f"  dynamic / max(never, EAGLE-3) {t['dynamic'] / own:.3f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="?", help="envelope.py --family N --out F.csv")
+    ap.add_argument("specs", nargs="*", help="goodput specs, e.g. goodput goodput:lead=0.1")
+    ap.add_argument("--worst", type=int, default=60)
+    ap.add_argument("--sample", type=int, default=340)
+    ap.add_argument("--family-seed", type=int, default=0)
+    ap.add_argument("--drain", nargs="+", metavar="M:C")
+    args = ap.parse_args()
+    if args.drain:
+        drain(args.drain, args.family_seed)
+    elif args.csv and args.specs:
+        variants(args.csv, args.specs, args.worst, args.sample, args.family_seed)
+    else:
+        ap.error("give a CSV and goodput specs, or --drain M:C ...")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
