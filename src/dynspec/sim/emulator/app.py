@@ -249,16 +249,25 @@ class EmulatorApp:
 
         return await self._run_stream(request, stream, output_len, chunk)
 
+    async def _openai_request(self, request, read, rid_prefix: str):
+        """An OpenAI-style request read and started: (body, stream, output_len, created, model,
+        usage(n) -> JSON text), or the 4xx response for a bad body."""
+        try:
+            body, input_len, output_len = await read(request, self.cfg.context_length)
+        except BadRequest as exc:
+            return error_response(exc.status, str(exc), openai=True)
+        stream = self._start(rid_prefix + uuid.uuid4().hex, input_len, output_len)
+        return (body, stream, output_len, int(time.time()), body.model or self.emu.model_name,
+                partial(openai_usage, input_len))
+
     async def completions(self, request):
         from aiohttp import web
 
-        try:
-            body, input_len, output_len = await read_completion(request, self.cfg.context_length)
-        except BadRequest as exc:
-            return error_response(exc.status, str(exc), openai=True)
-        text, stream = self.text, self._start(uuid.uuid4().hex, input_len, output_len)
-        created, model = int(time.time()), body.model or self.emu.model_name
-        usage = partial(openai_usage, input_len)
+        got = await self._openai_request(request, read_completion, "")
+        if not isinstance(got, tuple):
+            return got
+        body, stream, output_len, created, model, usage = got
+        text = self.text
 
         if not body.stream:
             n, failed = await self._whole(request, stream, output_len)
@@ -289,13 +298,11 @@ class EmulatorApp:
     async def chat_completions(self, request):
         from aiohttp import web
 
-        try:
-            body, input_len, output_len = await read_chat(request, self.cfg.context_length)
-        except BadRequest as exc:
-            return error_response(exc.status, str(exc), openai=True)
-        text, stream = self.text, self._start("chatcmpl-" + uuid.uuid4().hex, input_len, output_len)
-        created, model = int(time.time()), body.model or self.emu.model_name
-        usage = partial(openai_usage, input_len)
+        got = await self._openai_request(request, read_chat, "chatcmpl-")
+        if not isinstance(got, tuple):
+            return got
+        body, stream, output_len, created, model, usage = got
+        text = self.text
 
         if not body.stream:
             n, failed = await self._whole(request, stream, output_len)
