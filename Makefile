@@ -55,8 +55,10 @@ lint: test-venv
 	$(PY) -m mypy
 
 # The inner loop: everything but the tests that start real SGLang servers (about 6 minutes of them).
+# Your own loop: everything but the real-server tests, on every core (pytest-xdist).  CI's
+# `make test` stays serial: its real-server tests start several SGLang servers at once.
 test-fast: test-venv
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n auto
 
 # The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.
 # `make report` writes into build/ (ignored), so a checkout stays clean; `make publish`
