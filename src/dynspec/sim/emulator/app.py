@@ -249,39 +249,31 @@ class EmulatorApp:
 
         return await self._run_stream(request, stream, output_len, chunk)
 
-    async def _openai_request(self, request, read, rid_prefix: str):
-        """An OpenAI-style request read and started: (body, stream, output_len, created, model,
-        usage(n) -> JSON text), or the 4xx response for a bad body."""
+    async def _openai(self, request, read, rid_prefix: str, objects: tuple[str, str], whole, pieces):
+        """The OpenAI routes' one shape: read and start, then either one JSON body, whose choice
+        `whole(text)` gives, or SSE chunks, `pieces(lo, hi, finish_reason, usage)` giving each
+        chunk's text after its common head.  `objects`: the body's and the chunks' "object"."""
+        from aiohttp import web
+
         try:
             body, input_len, output_len = await read(request, self.cfg.context_length)
         except BadRequest as exc:
             return error_response(exc.status, str(exc), openai=True)
-        stream = self._start(rid_prefix + uuid.uuid4().hex, input_len, output_len)
-        return (body, stream, output_len, int(time.time()), body.model or self.emu.model_name,
-                partial(openai_usage, input_len))
-
-    async def completions(self, request):
-        from aiohttp import web
-
-        got = await self._openai_request(request, read_completion, "")
-        if not isinstance(got, tuple):
-            return got
-        body, stream, output_len, created, model, usage = got
-        text = self.text
+        text, stream = self.text, self._start(rid_prefix + uuid.uuid4().hex, input_len, output_len)
+        created, model = int(time.time()), body.model or self.emu.model_name
+        usage = partial(openai_usage, input_len)
 
         if not body.stream:
             n, failed = await self._whole(request, stream, output_len)
             if failed is not None:
                 return failed
             return web.json_response({
-                "id": stream.rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text.text_of(0, n), "logprobs": None, "finish_reason": "length",
-                             "matched_stop": None}],
-                "usage": json.loads(usage(n)), "metadata": None})
+                "id": stream.rid, "object": objects[0], "created": created, "model": model,
+                "choices": [whole(text.text_of(0, n))], "usage": json.loads(usage(n)), "metadata": None})
 
         per_chunk, final_usage = usage_options(body.stream_options)
-        head = ('data: {"id":%s,"object":"text_completion","created":%d,"model":%s,'
-                % (json.dumps(stream.rid), created, json.dumps(model)))
+        head = ('data: {"id":%s,"object":"%s","created":%d,"model":%s,'
+                % (json.dumps(stream.rid), objects[1], created, json.dumps(model)))
 
         def chunk(lo: int, hi: int, finished: bool, final: bool = False) -> bytes:
             if final:
@@ -290,51 +282,39 @@ class EmulatorApp:
                 return (head + '"choices":[],"usage":%s}\n\n' % usage(hi)).encode()
             fr = '"length"' if finished else "null"
             u = usage(hi) if per_chunk else "null"
-            return (head + '"choices":[{"index":0,"text":"%s","logprobs":null,"finish_reason":%s,'
-                    '"matched_stop":null}],"usage":%s}\n\n' % (text.text_of(lo, hi), fr, u)).encode()
+            return "".join(head + p for p in pieces(text.text_of(lo, hi), fr, u)).encode()
 
         return await self._run_stream(request, stream, output_len, chunk)
 
+    async def completions(self, request):
+        def whole(content: str) -> dict:
+            return {"index": 0, "text": content, "logprobs": None, "finish_reason": "length", "matched_stop": None}
+
+        def pieces(content: str, fr: str, u: str) -> list[str]:
+            return ['"choices":[{"index":0,"text":"%s","logprobs":null,"finish_reason":%s,'
+                    '"matched_stop":null}],"usage":%s}\n\n' % (content, fr, u)]
+
+        return await self._openai(request, read_completion, "", ("text_completion", "text_completion"),
+                                  whole, pieces)
+
     async def chat_completions(self, request):
-        from aiohttp import web
+        def whole(content: str) -> dict:
+            return {"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": None,
+                                            "tool_calls": None},
+                    "logprobs": None, "finish_reason": "length", "matched_stop": None}
 
-        got = await self._openai_request(request, read_chat, "chatcmpl-")
-        if not isinstance(got, tuple):
-            return got
-        body, stream, output_len, created, model, usage = got
-        text = self.text
-
-        if not body.stream:
-            n, failed = await self._whole(request, stream, output_len)
-            if failed is not None:
-                return failed
-            return web.json_response({
-                "id": stream.rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text.text_of(0, n),
-                                                     "reasoning_content": None, "tool_calls": None},
-                             "logprobs": None, "finish_reason": "length", "matched_stop": None}],
-                "usage": json.loads(usage(n)), "metadata": None})
-
-        per_chunk, final_usage = usage_options(body.stream_options)
-        head = ('data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,'
-                % (json.dumps(stream.rid), created, json.dumps(model)))
         # As SGLang: the first chunk carries the role (and no content), then content deltas.
         first = [True]
 
-        def chunk(lo: int, hi: int, finished: bool, final: bool = False) -> bytes:
-            if final:
-                if not final_usage:
-                    return b""
-                return (head + '"choices":[],"usage":%s}\n\n' % usage(hi)).encode()
-            role = b""
+        def pieces(content: str, fr: str, u: str) -> list[str]:
+            out = []
             if first[0]:
                 first[0] = False
-                role = (head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                        '"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n').encode()
-            fr = '"length"' if finished else "null"
-            u = usage(hi) if per_chunk else "null"
-            return role + (head + '"choices":[{"index":0,"delta":{"content":"%s"},"logprobs":null,'
-                           '"finish_reason":%s,"matched_stop":null}],"usage":%s}\n\n'
-                           % (text.text_of(lo, hi), fr, u)).encode()
+                out.append('"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                           '"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n')
+            out.append('"choices":[{"index":0,"delta":{"content":"%s"},"logprobs":null,'
+                       '"finish_reason":%s,"matched_stop":null}],"usage":%s}\n\n' % (content, fr, u))
+            return out
 
-        return await self._run_stream(request, stream, output_len, chunk)
+        return await self._openai(request, read_chat, "chatcmpl-", ("chat.completion", "chat.completion.chunk"),
+                                  whole, pieces)
