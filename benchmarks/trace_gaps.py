@@ -3,7 +3,8 @@
 For each trace: the GPU's busy and idle time per step, the idle gaps grouped by what the CPU was
 doing when it launched the kernel that ended each gap (the innermost SGLang/dynspec Python frame,
 when the trace was recorded with stacks), the host waits (synchronize calls and device-to-host
-copies) grouped the same way, and the kernels that take the most GPU time per step.  Two arms'
+copies) grouped the same way, the GPU time of the kernels each site launched (a graph replay's
+kernels count for the site that replayed it), and the kernels that take the most GPU time per step.  Two arms'
 traces side by side show what the patched plain step adds over a plain server's step.
     python benchmarks/trace_gaps.py --steps 30 plain=DIR_OR_FILE patched-never=DIR_OR_FILE
 """
@@ -52,11 +53,15 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0) -> dict:
     py = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "python_function")
     starts = [p[0] for p in py]
     busy, idle, end = 0.0, collections.Counter(), gpu[0][0]
+    work, sites = collections.Counter(), {}
     for start, stop, e in gpu:
+        corr = e.get("args", {}).get("correlation")
+        if corr not in sites:
+            launch = launches.get(corr)
+            sites[corr] = frame_at(py, starts, launch["ts"]) if launch else "?"
+        work[sites[corr]] += e["dur"]
         if start - end > min_gap_us:
-            launch = launches.get(e.get("args", {}).get("correlation"))
-            where = frame_at(py, starts, launch["ts"]) if launch else "?"
-            idle[where] += start - end
+            idle[sites[corr]] += start - end
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     waits = collections.Counter()
@@ -71,7 +76,8 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0) -> dict:
     return {"span_ms": span / per, "busy_ms": busy / per, "idle_ms": sum(idle.values()) / per,
             "idle_by_site": {k: v / per for k, v in idle.most_common(12)},
             "waits_by_site": {k: v / per for k, v in waits.most_common(12)},
-            "kernels": {k: v / per for k, v in kernels.most_common(15)}}
+            "gpu_by_site": {k: v / per for k, v in work.most_common(25)},
+            "kernels": {k: v / per for k, v in kernels.most_common(40)}}
 
 
 def main() -> int:
@@ -86,7 +92,7 @@ def main() -> int:
         s = summaries[name] = analyse(load(Path(path)), args.steps)
         print(f"\n== {name}: per step {s['span_ms']:.3f} ms traced, GPU busy {s['busy_ms']:.3f} ms, "
               f"idle {s['idle_ms']:.3f} ms")
-        for title in ("idle_by_site", "waits_by_site", "kernels"):
+        for title in ("idle_by_site", "waits_by_site", "gpu_by_site", "kernels"):
             print(f"  {title} (ms per step):")
             for k, v in s[title].items():
                 print(f"    {v:8.3f}  {k}")

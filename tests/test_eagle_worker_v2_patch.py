@@ -82,6 +82,7 @@ def server_args(**over):
         enable_pdmux=False, tp_size=1, disable_cuda_graph=False, enable_metrics=False,
         served_model_name="fake", speculative_num_steps=STEPS, speculative_num_draft_tokens=STRIDE,
         device="cpu", enable_nan_detection=False, page_size=1, speculative_algorithm="EAGLE3",
+        enable_hierarchical_cache=False, disaggregation_mode="null", cuda_graph_max_bs=None,
     )
     args.update(over)
     return SimpleNamespace(**args)
@@ -123,6 +124,7 @@ class FakeTarget:
     def __init__(self, sg, trace):
         self.sg, self.trace = sg, trace
         self.model_runner = FakeTargetRunner()
+        self.model_config = SimpleNamespace(hidden_size=H_DRAFT, dtype=torch.float32)
 
     def forward_batch_generation(self, model_worker_batch=None, forward_batch=None, is_verify=False,
                                  skip_attn_backend_init=False):
@@ -209,7 +211,7 @@ class FakeDraftRunner:
                                                                                hidden_states=hidden))
 
 
-def make_worker(sg, cls_module, args, policy=None, graphs=None):
+def make_worker(sg, cls_module, args, policy=None, graphs=None, window=1):
     """An EAGLEWorkerV2 (patched or upstream) around fakes, without loading models."""
     trace = Trace()
     pool = SimpleNamespace(req_to_token=(torch.arange(8 * POOL_LEN, dtype=torch.int32).reshape(8, POOL_LEN) + 10000))
@@ -262,7 +264,8 @@ def make_worker(sg, cls_module, args, policy=None, graphs=None):
     if cls_module is sg.ew:
         w.dynspec = Controller(policy, spec=policy.name) if policy is not None else None
         w._dynspec_graphs = graphs
-        w._dynspec_catch_up = None  # CUDA graphs of the catch-up: CUDA only (see the graph test)
+        w._dynspec_catch_up = sg.ew._DynspecCatchUp(draft.draft_runner, window, 8, 8, "cpu")  # eager (CPU)
+        w._dynspec_constants = sg.ew._DynspecConstants(8, 1, H_DRAFT, torch.float32, "cpu")
         w._dynspec_graph_model = None  # FakeTargetRunner has no model attribute
         w._dynspec_stale = torch.zeros(pool.req_to_token.shape[0], dtype=torch.bool)
         w._dynspec_resume_pending = False
@@ -354,7 +357,9 @@ def test_plain_step_runs_no_draft_and_one_token_per_request(sg, env):
     nd = res.next_draft_input
     assert same(nd.verified_id, sampled) and same(nd.new_seq_lens, seq + 1)
     assert nd.topk_p.shape == (3, 1) and nd.topk_index.shape == (3, 1) and nd.hidden_states.shape == (3, H_DRAFT)
-    assert torch.allclose(nd.hidden_states, 2 * target_hidden[:, :H_DRAFT])  # fc(aux), kept for the resume
+    assert not nd.hidden_states.any()  # a placeholder: the resume rebuilds the draft state
+    folded = w._dynspec_catch_up.folded(torch.tensor(REQ_POOL))
+    assert torch.allclose(folded, 2 * target_hidden[:, :H_DRAFT])  # fc(aux), kept for the resume
     assert res.logits_output.hidden_states is None  # nothing extra to copy to the CPU
     assert w.dynspec.stats()["steps_plain"] == 1 and w.dynspec.mode == "plain"
     assert w._dynspec_resume_pending and bool(w._dynspec_stale[torch.tensor(REQ_POOL)].all())
@@ -375,10 +380,11 @@ def test_first_speculative_step_after_plain_resumes_the_draft(sg, env):
     assert resume["mode"] == sg.fbi.ForwardMode.DRAFT_EXTEND_V2
     assert same(resume["input_ids"], inp.verified_id) and same(resume["positions"], seq - 1)
     assert same(resume["out_cache_loc"], rt[torch.tensor(REQ_POOL), seq - 1].long())
-    assert same(resume["hidden_in"], plain_res.next_draft_input.hidden_states)
+    folded = 2 * (plain_in.verified_id.float()[:, None] + torch.arange(H_DRAFT).float())  # fc(aux) of the plain step
+    assert same(resume["hidden_in"], folded)
     draft = trace[4][1]  # the draft starts from the resumed state, not the placeholders
     assert same(draft["topk_index"][:, 0], (inp.verified_id.long() + 1) % VOCAB)
-    assert torch.allclose(draft["hidden"], inp.hidden + (seq - 1)[:, None].float())
+    assert torch.allclose(draft["hidden"], folded + (seq - 1)[:, None].float())
     assert w.dynspec.stats()["resumes"] == 1 and not w._dynspec_resume_pending
 
 
@@ -405,35 +411,109 @@ def test_plain_step_uses_plain_graphs_when_captured(sg, env):
         VERIFY_GRAPHS, TARGET_ATTN)
 
 
-def test_graphed_catch_up_pads_to_a_captured_size_and_writes_padding_to_slot_0(sg, env):
-    """The catch-up graphs (CUDA only) replay a fixed batch size: inputs are copied into static
-    buffers, rows past the batch write to the padding slot 0, the output is copied out.  Here a
-    stand-in graph runs the same function on the same static buffers, so what is checked is the
-    padding and buffer handling around replay(), not CUDA."""
-    w, trace = make_worker(sg, sg.ew, env)
-    cu = sg.ew._DynspecCatchUpGraphs.__new__(sg.ew._DynspecCatchUpGraphs)
-    cu.runner, cu.sizes = w.draft_worker.draft_runner, [1, 2, 4]
-    cu.ids, cu.positions, cu.slot = (torch.zeros(4, dtype=torch.int64) for _ in range(3))
-    cu.aux = torch.zeros(4, 3 * H_DRAFT)
+def kv_writes(trace):
+    return [c[1] for c in trace if c[0] == "draft_kv"]
 
-    class StandInGraph:  # what a captured graph does: rerun on the static buffers, fixed output
-        def __init__(self, bs):
-            self.bs, self.out = bs, torch.zeros(bs, H_DRAFT)
+
+def test_catch_up_window_writes_every_pending_row_in_one_pass(sg, env):
+    """With a window of 3, the first two plain steps write no draft KV; the third writes the
+    rows of all three in one pass, each at its own slot with its own K and V."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False] * 3), window=3)
+    runs = drive(sg, w, 3)
+    assert trace.kinds() == ["target", "target", "target", "draft_kv"]
+    (kv,) = kv_writes(trace)
+    rt = w.req_to_token_pool.req_to_token
+    want_loc, want_k, want_v = [], [], []
+    for inp, res in runs:
+        sampled = res.next_draft_input.verified_id.long()
+        hidden = inp.verified_id.float()[:, None] + torch.arange(H_TARGET).float()
+        k, v = expected_kv(sampled, hidden, inp.seq_lens)
+        want_loc.append(rt[torch.tensor(REQ_POOL), inp.seq_lens].long())
+        want_k.append(k)
+        want_v.append(v)
+    assert same(kv["loc"], torch.cat(want_loc))
+    assert torch.allclose(kv["k"].reshape(9, -1), torch.cat(want_k))
+    assert torch.allclose(kv["v"].reshape(9, -1), torch.cat(want_v))
+    assert w._dynspec_catch_up.pending == 0
+
+
+def test_resume_and_prefill_flush_the_pending_rows_first(sg, env):
+    """Nothing may read the draft KV while rows are pending: a resume writes them before its
+    draft forward (and takes each request's folded state from its last row), a prefill before
+    the target runs."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, False, True]), window=8)
+    runs = drive(sg, w, 3)
+    assert trace.kinds()[:4] == ["target", "target", "draft_kv", "draft_attn_init"]
+    assert len(kv_writes(trace)[0]["loc"]) == 6  # both plain steps, one pass
+    last_plain_in = runs[1][0]
+    folded = 2 * (last_plain_in.verified_id.float()[:, None] + torch.arange(H_DRAFT).float())
+    resume = [c[1] for c in trace if c[0] == "draft_forward"][0]
+    assert same(resume["hidden_in"], folded)
+
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False]), window=8)
+    drive(sg, w, 1)
+    assert trace.kinds() == ["target"]
+    extend = decode_batch(sg, torch.tensor(SEQ0), None, forward_mode=sg.fbi.ForwardMode.EXTEND)
+    with pytest.raises(Exception):  # the fake target refuses a prefill; the flush came first
+        w.forward_batch_generation(extend)
+    assert trace.kinds()[:2] == ["target", "draft_kv"] and w._dynspec_catch_up.pending == 0
+
+
+def test_a_slot_reused_within_a_window_is_written_by_its_later_row(sg, env):
+    """A finished request's slot handed to another request within one window: one pass writes
+    both rows, so the earlier row must go to the padding slot 0, whatever the scatter order."""
+    w, trace = make_worker(sg, sg.ew, env, window=4)
+    cu = w._dynspec_catch_up
+    aux = torch.randn(2, H_TARGET)
+    cu.append(aux[:1], torch.tensor([5]), torch.tensor([40]), torch.tensor([700]), torch.tensor([0]))
+    cu.append(aux[1:], torch.tensor([6]), torch.tensor([12]), torch.tensor([700]), torch.tensor([2]))
+    cu.flush()
+    (kv,) = kv_writes(trace)
+    assert kv["loc"].tolist() == [0, 700]
+    k, v = expected_kv(torch.tensor([6]), aux[1:], torch.tensor([12]))
+    assert torch.allclose(kv["k"].reshape(2, -1)[1], k[0]) and torch.allclose(kv["v"].reshape(2, -1)[1], v[0])
+
+
+def test_cache_reset_discards_pending_rows_and_large_batches_write_at_once(sg, env):
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False]), window=8)
+    drive(sg, w, 1)
+    w.clear_cache_pool()  # flush_cache: the slots of pending rows belong to no one now
+    w._dynspec_catch_up.flush()
+    assert trace.kinds() == ["target"]
+    cu = w._dynspec_catch_up
+    n = cu.capacity + 1  # more rows than a window holds
+    cu.append(torch.randn(n, H_TARGET), torch.arange(n), torch.arange(n), torch.arange(n) + 100,
+              torch.arange(n) % 8)
+    assert len(kv_writes(trace)) == 1 and cu.pending == 0
+
+
+def test_graphed_flush_pads_to_a_captured_row_count_and_writes_padding_to_slot_0(sg, env):
+    """The catch-up graphs (CUDA only) replay a fixed row count on the ring's buffers: rows past
+    the pending ones write to the padding slot 0.  A stand-in graph reruns the same function on
+    the same buffers, so what is checked is the padding and buffer handling around replay()."""
+    w, trace = make_worker(sg, sg.ew, env, window=2)
+    cu = w._dynspec_catch_up
+    cu._allocate(H_TARGET, torch.float32)
+    cu.slot.fill_(999)  # a slot left from an earlier, larger window must not be written again
+
+    class StandInGraph:  # what a captured graph does: rerun on the ring's buffers
+        def __init__(self, n):
+            self.n = n
 
         def replay(self):
-            self.out.copy_(cu._run(self.bs))
+            cu._run(self.n)
 
-    cu.graphs = {bs: (g, g.out) for bs, g in ((b, StandInGraph(b)) for b in cu.sizes)}
-    aux = torch.randn(3, 3 * H_DRAFT)
-    ids, pos, slot = torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), torch.tensor([101, 102, 103])
-    cu.slot.fill_(999)  # a stale slot from an earlier, larger batch must not be written again
-    folded = cu(aux, ids, pos, slot)
-    (_, kv), = [c for c in trace if c[0] == "draft_kv"]
+    cu.graphs = {n: StandInGraph(n) for n in (1, 2, 4)}
+    cu.buckets = sorted(cu.graphs)
+    aux = torch.randn(3, H_TARGET)
+    cu.append(aux, torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), torch.tensor([101, 102, 103]),
+              torch.tensor([0, 2, 5]))
+    cu.flush()
+    (kv,) = kv_writes(trace)
     assert kv["loc"].tolist() == [101, 102, 103, 0]  # padded to 4, the extra row to slot 0
-    k, v = expected_kv(ids, aux, pos)
+    k, v = expected_kv(torch.tensor([5, 6, 7]), aux, torch.tensor([10, 11, 12]))
     assert torch.allclose(kv["k"].reshape(4, -1)[:3], k) and torch.allclose(kv["v"].reshape(4, -1)[:3], v)
-    assert torch.allclose(folded, 2 * aux[:, :H_DRAFT])
-    assert folded.data_ptr() != cu.graphs[4][1].data_ptr()  # a copy: the next replay overwrites the graph's
+    assert torch.allclose(cu.folded(torch.tensor([5, 0, 2])), 2 * aux[[2, 0, 1], :H_DRAFT])
 
 
 def test_speculate_takes_the_original_path(sg, env):

@@ -40,17 +40,17 @@ def test_overhead_from_a_profile_is_plain_plus_catch_up_over_plain_and_flags_the
     assert overhead.main(["--profile", str(_profile(tmp_path, [0.13, 0.12, 0.24]))]) == 0
     out = capsys.readouterr().out
     # batch 1: old 10.6/10, eager 11.8/10, new 10.13/10, resume 0.55/10
-    assert "    1    10.000    1.0600    1.1800    1.0130    0.0550\n" in out and "PASS" in out
+    assert "    1    10.000    1.0600    1.1800       n/a    1.0130    0.0550\n" in out and "PASS" in out
     # batch 64 at 1.6% is flagged, and the exit status says so
     assert overhead.main(["--profile", str(_profile(tmp_path, [0.13, 0.32, 0.24]))]) == 1
     out = capsys.readouterr().out
-    assert "   64    20.000    1.1000    1.1500    1.0160    0.0500 !\n" in out and "FAIL" in out
-    assert "    1    10.000    1.0600    1.1800    1.0130    0.0550\n" in out  # within the limit: no flag
+    assert "   64    20.000    1.1000    1.1500       n/a    1.0160    0.0500 !\n" in out and "FAIL" in out
+    assert "    1    10.000    1.0600    1.1800       n/a    1.0130    0.0550\n" in out  # within the limit: no flag
     assert overhead.main(["--profile", str(_profile(tmp_path, [0.13, 0.32, 0.24])), "--limit", "1.02"]) == 0
     capsys.readouterr()
     assert overhead.main(["--profile", str(_profile(tmp_path, None))]) == 0  # before issue 13: nothing to flag
     out = capsys.readouterr().out
-    assert "1.0600    1.1800       n/a       n/a\n" in out and "predates the KV-only catch-up" in out
+    assert "1.0600    1.1800       n/a       n/a       n/a\n" in out and "predates the KV-only catch-up" in out
 
 
 def test_overhead_measured_here_on_cpu(capsys):
@@ -63,8 +63,8 @@ def test_overhead_measured_here_on_cpu(capsys):
     assert "timed here: tiny shapes, float32, cpu" in out and "context 24:" in out and "context 40:" in out
     rows = [line.split() for line in out.splitlines() if line[:5].strip() in ("1", "4")]
     assert len(rows) == 4
-    for _bs, _plain, old, _old_eager, new, resume, *_ in rows:
-        assert 1.0 < float(new) < float(old) and float(new) - 1 < float(resume)
+    for _bs, _plain, old, _old_eager, step, new, resume, *_ in rows:  # step: the catch-up every step
+        assert 1.0 < float(step) < float(old) and float(step) - 1 < float(resume) and float(new) > 1.0
 
 
 def test_refit_replaces_the_interim_shares_by_the_calibrated_ones(tmp_path, capsys):

@@ -12,7 +12,7 @@ import pytest
 from dynspec.policy import FailSafePolicy, Goodput, Policy, build_policy
 from scripted_policy import Scripted
 from tp_ranks import FakeAllReduce, run_ranks
-from dynspec.sglang.hook import Controller, load_controller, plain_cuda_graph_enabled
+from dynspec.sglang.hook import Controller, catch_up_window, load_controller, plain_cuda_graph_enabled
 
 
 class Clock:
@@ -181,6 +181,18 @@ def test_plain_cuda_graph_switch():
     assert plain_cuda_graph_enabled({"DYNSPEC_PLAIN_CUDA_GRAPH": "0"}) is False
     assert plain_cuda_graph_enabled({"DYNSPEC_PLAIN_CUDA_GRAPH": "off"}) is False
     assert plain_cuda_graph_enabled({"DYNSPEC_PLAIN_CUDA_GRAPH": "1"}) is True
+
+
+def test_catch_up_window_takes_1_to_64_and_falls_back_with_one_line(caplog):
+    assert catch_up_window({}) == 8
+    assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": " 1 "}) == 1
+    assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": "64"}) == 64
+    log = logging.getLogger("test-window")
+    for bad in ("0", "65", "eight", "2.5"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": bad}, log=log) == 8
+        assert len(caplog.records) == 1 and "DYNSPEC_CATCHUP_WINDOW" in caplog.text
 
 
 def test_prometheus_series():

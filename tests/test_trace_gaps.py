@@ -57,6 +57,9 @@ def test_gaps_are_charged_to_the_frame_that_launched_the_kernel_ending_them(tmp_
     assert s["waits_by_site"] == {
         "cudaStreamSynchronize @ speculative/eagle_worker_v2.py(5): _dynspec_plain_step": pytest.approx(0.1)}
     assert s["kernels"] == {"gemm": pytest.approx(0.3), "norm": pytest.approx(0.05)}
+    # GPU time by launching site: the GEMMs are run_batch's, the norms the plain step's.
+    assert s["gpu_by_site"] == {"managers/scheduler.py(10): run_batch": pytest.approx(0.3),
+                                "speculative/eagle_worker_v2.py(5): _dynspec_plain_step": pytest.approx(0.05)}
 
 
 def test_a_trace_without_gpu_events_is_refused_in_one_line():

@@ -246,7 +246,8 @@ class StepSet:
     """
 
     def __init__(self, target: TargetModel, draft: DraftHead, tcache: KVCache, dcache: KVCache,
-                 bs: int, context_len: int, num_steps: int, seed: int = 2, max_q: int = 1):
+                 bs: int, context_len: int, num_steps: int, seed: int = 2, max_q: int = 1,
+                 catch_up_window: int = 1):
         dev, dims = target.device, target.dims
         gen = torch.Generator(device=dev).manual_seed(seed)
         t = num_steps + 1
@@ -269,6 +270,10 @@ class StepSet:
         # Contiguous as the patch's per-slot buffer: a strided [bs, 1, 3H] view of `aux` made the fc's
         # GEMM 60x slower at batch 256 on an H200 (2.76 against 0.044 ms).
         self.aux1 = torch.randn((bs, 1, 3 * dims.hidden), generator=gen, device=dev).to(target.dtype)
+        # The window of plain steps whose catch-up is written in one pass (drawn after the rest).
+        self.window = catch_up_window
+        self.tok_w = torch.randint(0, dims.vocab, (bs, catch_up_window), generator=gen, device=dev)
+        self.aux_w = torch.zeros((bs, catch_up_window, 3 * dims.hidden), dtype=target.dtype, device=dev)
 
     def plain(self) -> None:
         h, _ = self.target.forward(self.tok1, self.tcache, self.ctx)
@@ -301,9 +306,15 @@ class StepSet:
             self.out_drafts[:, i:i + 1].copy_(tok)
 
     def catchup(self) -> None:
-        """A switching server's plain step's draft work: the KV-only catch-up of the step's one
-        new token per request (its aux states from the target's plain forward), at the context."""
-        self.draft.catch_up(self.tok1, self.aux1, self.dcache, self.ctx)
+        """A window of a switching server's plain steps' draft work: each step copies its one new
+        token's aux states aside (the patch's ring), then the KV-only catch-up of the whole window
+        runs at once, at the context.  With a window of 1 that is one step's catch-up."""
+        if self.window == 1:
+            self.draft.catch_up(self.tok1, self.aux1, self.dcache, self.ctx)
+            return
+        for i in range(self.window):
+            self.aux_w[:, i].copy_(self.aux1[:, 0])
+        self.draft.catch_up(self.tok_w, self.aux_w, self.dcache, self.ctx)
 
     def resume(self) -> None:
         """The first speculative step after plain steps: one full 1-token draft forward at the

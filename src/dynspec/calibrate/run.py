@@ -15,7 +15,9 @@ after warm-up.
              worker runs this fixed shape under its CUDA graph) + top-1 at the last accepted;
              also timed eagerly (extend_eager: 0.5.9 graphs it only on triton and trtllm_mla)
     catchup  a switching server's plain step's draft work: the KV-only catch-up of 1 token per
-             request (embed, fc, norms, the K/V rows of qkv, RoPE, cache write)
+             request (embed, fc, norms, the K/V rows of qkv, RoPE, cache write), done as the
+             patch does it: rows kept per step, written --catch-up-window steps at a time
+             (default 8; the time per step is the window's time / window)
     resume   the first speculative step after plain steps: one full 1-token draft forward
              (attention over the context, MLP, norm, LM head) + top-1
     forward  target forward of q tokens per request, for each --tokens-per-request: the curve
@@ -85,6 +87,7 @@ class CalibrateConfig(Model):
     tokens_per_request: tuple[int, ...] = (1, 2, 4, 8)
     input_len: int = Field(field_default(Workload, "input_len"), ge=1)  # the prefill timings' prompt length
     num_steps: int = Field(3, ge=1)
+    catch_up_window: int = Field(8, ge=1, le=64)  # the 0.5.9 patch's DYNSPEC_CATCHUP_WINDOW default
     concentration: float = Field(10.0, gt=0)
     repeats: int = Field(20, ge=1)
     warmup: int = Field(5, ge=0)
@@ -272,7 +275,7 @@ def fitting_batch(cfg: CalibrateConfig, context: int, free_bytes: int) -> int:
 
 def _max_len(cfg: CalibrateConfig, context: int) -> int:
     # Steps write at context..: q tokens, the verify's num_steps+1, the draft chain's after them.
-    return context + max(cfg.forward_tokens[-1], cfg.verify_tokens) + cfg.verify_tokens
+    return context + max(cfg.forward_tokens[-1], cfg.verify_tokens, cfg.catch_up_window) + cfg.verify_tokens
 
 
 def _step_pieces(cfg: CalibrateConfig, steps: StepSet) -> list[tuple[str, Callable[[], None] | None, bool]]:
@@ -291,6 +294,8 @@ def _time_point(cfg: CalibrateConfig, steps: StepSet, device, graphs: bool, bar)
             row[kind] = {"ms": [0.0], "how": "none (num_steps 1: no draft forward)"}
         else:
             ms, how = time_ms(fn, repeats=cfg.repeats, warmup=cfg.warmup, device=device, graphs=graphs and graphed)
+            if kind == "catchup":  # one call is a whole window of plain steps
+                ms = [m / cfg.catch_up_window for m in ms]
             row[kind] = {"ms": ms, "how": how}
         bar.update()
     med = {k: statistics.median(v["ms"]) for k, v in row.items()}
@@ -354,14 +359,16 @@ def run_calibration(cfg: CalibrateConfig, log: Callable[[str], None] = lambda m:
             tcache.fill_random(gen)
             dcache.fill_random(gen)
             if device.type == "cuda":  # bring the clocks up before the first timed point
-                warm = StepSet(target, draft, tcache, dcache, sizes[-1], ctx, cfg.num_steps)
+                warm = StepSet(target, draft, tcache, dcache, sizes[-1], ctx, cfg.num_steps,
+                               catch_up_window=cfg.catch_up_window)
                 t_warm = time.perf_counter()
                 while time.perf_counter() - t_warm < 3.0:
                     warm.plain()
                     torch.cuda.synchronize()
                 del warm
             raw["steps"][ctx] = {bs: _time_point(cfg, StepSet(target, draft, tcache, dcache, bs, ctx, cfg.num_steps,
-                                                              seed=cfg.seed + 2, max_q=cfg.forward_tokens[-1]),
+                                                              seed=cfg.seed + 2, max_q=cfg.forward_tokens[-1],
+                                                              catch_up_window=cfg.catch_up_window),
                                                  device, graphs, bar)
                                  for bs in sizes}
             del tcache, dcache  # nothing else may hold a view of them, or the next context will not fit
@@ -465,7 +472,9 @@ def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
         (f"catchup: what a plain step of a server that can switch back to speculating adds (the {t}-token extend "
          "before issue 13): the KV-only draft catch-up of the step's 1 token per request: embedding, fc over the 3 "
          "aux hidden states, norms, the K/V rows of the draft layer's qkv projection, RoPE, KV cache write; no "
-         "attention, MLP or LM head" + ("" if cfg.draft_layers == 1 else
+         f"attention, MLP or LM head; rows copied aside each step and written {cfg.catch_up_window} steps at a "
+         "time, as the 0.5.9 patch does (DYNSPEC_CATCHUP_WINDOW), so the time is per step of the window"
+         + ("" if cfg.draft_layers == 1 else
                                         f"; with {cfg.draft_layers} draft layers the later layers read the first's "
                                         "attention output, so it is the full 1-token draft forward")),
         ("resume: once per plain-to-speculative switch: one full 1-token-per-request draft forward at the last "
@@ -574,7 +583,7 @@ def config_from_args(args) -> CalibrateConfig:
             draft_vocab=args.draft_vocab, draft_layers=args.draft_layers,
             batch_sizes=parse_ints(args.batch_sizes, "--batch-sizes"), contexts=parse_ints(args.context, "--context"),
             tokens_per_request=parse_ints(args.tokens_per_request, "--tokens-per-request"),
-            input_len=args.input_len, num_steps=args.num_steps,
+            input_len=args.input_len, num_steps=args.num_steps, catch_up_window=args.catch_up_window,
             concentration=args.concentration, repeats=args.repeats, warmup=args.warmup, dtype=args.dtype,
             device=args.device, cuda_graphs=not args.no_cuda_graphs, seed=args.seed,
             raw_out=Path(args.raw_out) if args.raw_out else None)
@@ -623,6 +632,9 @@ def add_cli(sub) -> None:
     p.add_argument("--input-len", type=int, default=field_default(CalibrateConfig, "input_len"),
                    help="prompt length of the prefill timings (default %(default)s)")
     p.add_argument("--num-steps", type=int, default=3, help="EAGLE draft chain length (topk 1; default 3)")
+    p.add_argument("--catch-up-window", type=int, default=8,
+                   help="plain steps whose draft KV catch-up is written in one pass, as the patch's "
+                        "DYNSPEC_CATCHUP_WINDOW (1..64; default 8)")
     p.add_argument("--accept-length", type=float, default=2.5,
                    help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]; random "
                         "weights cannot measure it (default 2.5)")

@@ -71,6 +71,8 @@ from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepRecord, 
 ENV_POLICY = "DYNSPEC_POLICY"
 ENV_PROFILE = "DYNSPEC_PROFILE"
 ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
+ENV_CATCH_UP_WINDOW = "DYNSPEC_CATCHUP_WINDOW"
+DEFAULT_CATCH_UP_WINDOW = 8
 
 _log = logging.getLogger("dynspec.sglang.hook")
 
@@ -85,6 +87,26 @@ def plain_cuda_graph_enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether plain steps should use their own CUDA graphs (DYNSPEC_PLAIN_CUDA_GRAPH)."""
     env = os.environ if env is None else env
     return env.get(ENV_PLAIN_GRAPH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def catch_up_window(env: Mapping[str, str] | None = None, log=None) -> int:
+    """How many plain steps the draft's KV-only catch-up batches into one pass
+    (DYNSPEC_CATCHUP_WINDOW, 1..64; 1 writes every step).  A bad value logs one line and
+    takes the default: the knob tunes cost, never correctness."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_CATCH_UP_WINDOW, "").strip()
+    if not raw:
+        return DEFAULT_CATCH_UP_WINDOW
+    try:
+        window = int(raw)
+        if not 1 <= window <= 64:
+            raise ValueError
+    except ValueError:
+        if log is not None:
+            log.warning(f"dynspec: {ENV_CATCH_UP_WINDOW}={raw!r} is not an integer in 1..64; "
+                        f"using {DEFAULT_CATCH_UP_WINDOW}")
+        return DEFAULT_CATCH_UP_WINDOW
+    return window
 
 
 class Controller:
