@@ -474,6 +474,19 @@ def test_a_slot_reused_within_a_window_is_written_by_its_later_row(sg, env):
     assert torch.allclose(kv["k"].reshape(2, -1)[1], k[0]) and torch.allclose(kv["v"].reshape(2, -1)[1], v[0])
 
 
+def test_a_resume_after_a_cache_reset_that_discarded_every_row_keeps_its_state(sg, env):
+    """flush_cache on an idle server whose only plain rows were still pending: nothing was ever
+    written, so the next resume has no folded state to take and keeps the draft input's."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, True]), window=8)
+    drive(sg, w, 1)
+    w.clear_cache_pool()
+    assert w._dynspec_catch_up.folded(torch.tensor(REQ_POOL)) is None
+    trace.clear()
+    (inp, _), = drive(sg, w, 1)  # the resume, then a speculative step: no crash
+    resume = [c[1] for c in trace if c[0] == "draft_forward"][0]
+    assert same(resume["hidden_in"], inp.hidden) and "draft_kv" not in trace.kinds()
+
+
 def test_cache_reset_discards_pending_rows_and_large_batches_write_at_once(sg, env):
     w, trace = make_worker(sg, sg.ew, env, Scripted([False]), window=8)
     drive(sg, w, 1)

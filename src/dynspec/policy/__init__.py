@@ -434,6 +434,7 @@ class Goodput(Policy):
         self.acc_est: list[float | None] = [None] * n
         self.n_acc = [0] * n  # speculative steps that fed acc_est[b]
         self.acc_global: float | None = None
+        self._n_acc_global = 0  # speculative steps that fed acc_global (a profile's prior: SHRINK)
         # Explore only what no prior covers: without a profile, both modes everywhere.
         self._explore = profile is None and use_times
         # A switch to speculating pays one resume (Profile.resume_time); without a profile, measured
@@ -441,6 +442,7 @@ class Goodput(Policy):
         self._t_resume = [0.0] * n
         if profile is not None:
             self.acc_global = profile.acceptance.mean_accepted
+            self._n_acc_global = int(self.SHRINK)  # a prior worth a few samples, not one
             for b in range(n):
                 bs = bucket_mid(b)
                 self.t_est[0][b] = profile.plain_time(bs) + profile.catch_up_time(bs)  # as the patched server's
@@ -510,6 +512,8 @@ class Goodput(Policy):
         from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
         self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
         self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
+        if self.t_est[0][b] is not None and self.t_est[0][b] > ts:  # an outlier: measure plain soon
+            self._interval[1][b] = lo
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1
@@ -592,9 +596,14 @@ class Goodput(Policy):
             # 0..num_steps from step to step, so at batch 1 a step says little.
             w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
             prev, g = self.acc_est[b], self.acc_global
-            self.acc_est[b] = a if prev is None else prev + w * (a - prev)
             self.n_acc[b] += 1
-            self.acc_global = a if g is None else g + w * (a - g)
+            self._n_acc_global += 1
+            # Until the EMA has seen about 1/w samples it is their plain mean (a bias-corrected
+            # EMA): otherwise the first sample, often a single request's 0 accepted drafts, would
+            # hold the estimate for dozens of probes.
+            wb, wg = max(w, 1.0 / self.n_acc[b]), max(w, 1.0 / self._n_acc_global)
+            self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
+            self.acc_global = a if g is None else g + wg * (a - g)
             changed = True
         if t is not None and self.use_times:
             kind = 2 if speculated and self._prev_spec is False else m
@@ -619,8 +628,10 @@ class Goodput(Policy):
                 w = 1.0 - (1.0 - self.alpha) ** count
                 self._t_resume[b] += w * (max(t - ts, 0.0) - self._t_resume[b])
             kind = 1  # ... and it is a spec step too (probes from plain are all resumed ones)
-        prev = self.t_est[kind][b]
-        if prev is None or self._seeded[kind][b]:  # a borrowed time gives way to a measured one
+        prev, ts = self.t_est[kind][b], self.t_est[1][b]
+        # A borrowed time gives way to a measured one, and so does a plain time above the spec
+        # one: a state no machine is in (see _times), left by an outlier such as a warm-up step.
+        if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
             self.t_est[kind][b], self._seeded[kind][b] = t, False
         else:
             self.t_est[kind][b] = prev + (1.0 - (1.0 - self.alpha) ** count) * (t - prev)
