@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +45,9 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="serve on the GPU (CUDA graphs, Triton attention)")
     ap.add_argument("--dummy", metavar="PRESET", help="real shapes with --load-format dummy (bf16), e.g. llama-3.1-8b")
     ap.add_argument("--profile-steps", type=int, default=0, help="a torch profiler trace of N decode steps per arm")
+    ap.add_argument("--prompt-len", type=int, default=0,
+                    help="random prompts of this many tokens (default: the tiny models' short prompts); "
+                         "with --profile-steps, the trace then holds each prompt's prefill too")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="dynspec-census-"))
     extra = []
@@ -60,6 +64,10 @@ def main() -> int:
             Arm("patched-never", patched=True, policy="never",
                 env={"DYNSPEC_SYNC_CENSUS": str(folders["patched-never"])})]
     prompts, _ = shrinking_prompts(args.requests)
+    if args.prompt_len:
+        rng = random.Random(11)
+        prompts = [[rng.randrange(3, 32000 if args.dummy else 256) for _ in range(args.prompt_len)]
+                   for _ in range(args.requests)]
     lengths = [args.tokens] * args.requests
     rates, wall = {}, {}
     with start_arms(arms, tmp / "models", tmp / "logs", gpu=args.gpu, extra_args=extra) as servers:

@@ -4,9 +4,12 @@ For each trace: the GPU's busy and idle time per step, the idle gaps grouped by 
 doing when it launched the kernel that ended each gap (the innermost SGLang/dynspec Python frame,
 when the trace was recorded with stacks), the host waits (synchronize calls and device-to-host
 copies) grouped the same way, the GPU time of the kernels each site launched (a graph replay's
-kernels count for the site that replayed it), and the kernels that take the most GPU time per step.  Two arms'
+kernels count for the site that replayed it), and the kernels that take the most GPU time per step.
+--spans NAME,... also sums the GPU time of kernels launched inside each named Python function
+(any depth, e.g. _draft_extend_for_prefill): what one phase of a step costs on the GPU.  Two arms'
 traces side by side show what the patched plain step adds over a plain server's step.
     python benchmarks/trace_gaps.py --steps 30 plain=DIR_OR_FILE patched-never=DIR_OR_FILE
+    python benchmarks/trace_gaps.py --steps 12 --spans _draft_extend_for_prefill,_dynspec_plain_step A=DIR
 """
 
 from __future__ import annotations
@@ -45,7 +48,33 @@ def frame_at(py: list[tuple[float, float, str]], starts: list[float], ts: float)
     return best.split("/srt/")[-1].split("/dynspec/")[-1]
 
 
-def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0) -> dict:
+def span_time(events: list[dict], launches: dict, gpu: list, names: list[str]) -> dict[str, float]:
+    """GPU microseconds of the kernels launched inside a python_function span whose name
+    contains each of `names` (a kernel counts once per name, however deep the nesting)."""
+    out = {}
+    for name in names:
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                       if e.get("cat") == "python_function" and name in e["name"])
+        merged: list[list[float]] = []
+        for a, b in spans:  # nested or repeated spans: their union
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        starts = [m[0] for m in merged]
+        total = 0.0
+        for _, _, e in gpu:
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            if launch is None:
+                continue
+            i = bisect.bisect_right(starts, launch["ts"]) - 1
+            if i >= 0 and launch["ts"] <= merged[i][1]:
+                total += e["dur"]
+        out[name] = total
+    return out
+
+
+def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0, spans: list[str] = ()) -> dict:
     gpu = sorted((e["ts"], e["ts"] + e["dur"], e) for e in events if e.get("cat") in GPU_CATS)
     if not gpu:
         raise SystemExit("trace_gaps: the trace holds no GPU events (recorded without CUDA?)")
@@ -77,22 +106,25 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0) -> dict:
             "idle_by_site": {k: v / per for k, v in idle.most_common(12)},
             "waits_by_site": {k: v / per for k, v in waits.most_common(12)},
             "gpu_by_site": {k: v / per for k, v in work.most_common(25)},
-            "kernels": {k: v / per for k, v in kernels.most_common(40)}}
+            "kernels": {k: v / per for k, v in kernels.most_common(40)},
+            "gpu_by_span": {k: v / per for k, v in span_time(events, launches, gpu, list(spans)).items()}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, required=True, help="decode steps the traces hold")
     ap.add_argument("--out", help="also write the summaries as JSON")
+    ap.add_argument("--spans", default="", help="comma-separated Python function names: GPU time launched inside each")
     ap.add_argument("arms", nargs="+", metavar="NAME=PATH")
     args = ap.parse_args()
     summaries = {}
     for spec in args.arms:
         name, _, path = spec.partition("=")
-        s = summaries[name] = analyse(load(Path(path)), args.steps)
+        s = summaries[name] = analyse(load(Path(path)), args.steps,
+                                      spans=[x for x in args.spans.split(",") if x])
         print(f"\n== {name}: per step {s['span_ms']:.3f} ms traced, GPU busy {s['busy_ms']:.3f} ms, "
               f"idle {s['idle_ms']:.3f} ms")
-        for title in ("idle_by_site", "waits_by_site", "gpu_by_site", "kernels"):
+        for title in ("idle_by_site", "waits_by_site", "gpu_by_site", "gpu_by_span", "kernels"):
             print(f"  {title} (ms per step):")
             for k, v in s[title].items():
                 print(f"    {v:8.3f}  {k}")

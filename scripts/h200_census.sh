@@ -11,11 +11,15 @@
 set -u
 source scripts/h200_setup.sh
 STEPS=${PROFILE_STEPS:-30}; WORK=/tmp/census; mkdir -p "$WORK"
-gpu_idle; timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 --tokens 64 \
-    --profile-steps "$STEPS" --out "$WORK/census.json" > "$OUT/census.txt" 2>&1
+# PROMPT_LEN=1024 PROFILE_STEPS=12 TOKENS=4: a trace that holds the prompts' prefills, for the
+# draft prefill's share (gpu_by_span) rather than the decode steps'.
+gpu_idle; timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 \
+    --tokens ${TOKENS:-64} --prompt-len ${PROMPT_LEN:-0} --profile-steps "$STEPS" --out "$WORK/census.json" \
+    > "$OUT/census.txt" 2>&1
 echo "census exit $?" >> "$OUT/census.txt"; tail -30 "$OUT/census.txt"
 cp "$WORK/census.json" "$OUT/" 2>/dev/null
 python3 benchmarks/trace_gaps.py --steps "$STEPS" --out "$OUT/gaps.json" \
+    --spans _draft_extend_for_prefill,_dynspec_flush_draft_kv,_dynspec_plain_step,_dynspec_resume \
     plain="$WORK/traces/plain" patched-never="$WORK/traces/patched-never" > "$OUT/gaps.txt" 2>&1
 cat "$OUT/gaps.txt"
 for arm in plain patched-never; do  # the largest trace per arm, when it fits what comes back (16 MiB)

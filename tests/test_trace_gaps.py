@@ -62,6 +62,15 @@ def test_gaps_are_charged_to_the_frame_that_launched_the_kernel_ending_them(tmp_
                                 "speculative/eagle_worker_v2.py(5): _dynspec_plain_step": pytest.approx(0.05)}
 
 
+def test_gpu_time_is_summed_per_named_span_at_any_depth():
+    tg = _module()
+    ev = two_steps()
+    s = tg.analyse(ev, steps=2, spans=["_dynspec_plain_step", "run_batch", "absent"])
+    # the norm is launched inside the plain step (itself inside run_batch); the GEMM in run_batch only
+    assert s["gpu_by_span"] == {"_dynspec_plain_step": pytest.approx(0.05), "run_batch": pytest.approx(0.35),
+                                "absent": 0.0}
+
+
 def test_a_trace_without_gpu_events_is_refused_in_one_line():
     tg = _module()
     with pytest.raises(SystemExit, match="no GPU events"):

@@ -8,7 +8,7 @@ sglang.bench_serving or vLLM) fall back on the arm's name."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["plain", "spec", "switching"]
 PLAIN_POLICIES = frozenset({"none", "never"})
@@ -34,7 +34,7 @@ def role(arm: str, policies: Iterable = ()) -> Role | None:
     return "plain" if name in PLAIN_NAMES else "spec" if name in SPEC_NAMES else None
 
 
-def arms_by_role(df) -> dict[str, Role | None]:
+def arms_by_role(df: Any) -> dict[str, Role | None]:  # a pandas DataFrame (no stubs here)
     """{arm: role} for a results or levels table (columns arm and, if present, policy)."""
     out = {}
     for arm in sorted({str(a) for a in df["arm"]}):

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -31,7 +31,7 @@ def write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def write_json(path: str | Path, data, indent: int = 2) -> Path:
+def write_json(path: str | Path, data: Any, indent: int = 2) -> Path:
     return write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
 
 
