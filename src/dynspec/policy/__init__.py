@@ -512,9 +512,6 @@ class Goodput(Policy):
         from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
         self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
         self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
-        raw_plain = self.t_est[0][b]
-        if raw_plain is not None and raw_plain > ts:  # an outlier (see _times): measure plain soon
-            self._interval[1][b] = lo
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1
