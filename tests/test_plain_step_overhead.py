@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
@@ -70,7 +69,11 @@ def test_overhead_measured_here_on_cpu(capsys):
 def test_refit_replaces_the_interim_shares_by_the_calibrated_ones(tmp_path, capsys):
     spec = tmp_path / "fits" / "seed-blackwell.yaml"
     spec.parent.mkdir()
-    shutil.copy(ROOT / "configs" / "fits" / "seed-blackwell.yaml", spec)
+    # The shipped spec as it was before the refit: interim shares and their labelled assumption.
+    shipped = (ROOT / "configs" / "fits" / "seed-blackwell.yaml").read_text()
+    interim = "".join(line for line in shipped.splitlines(keepends=True) if not line.startswith("catch_up_from:"))
+    interim = interim.replace("assumptions:\n", "catch_up_fraction: 0.013\nresume_fraction: 0.055\nassumptions:\n", 1)
+    spec.write_text(interim.rstrip("\n") + f'\n  - "interim catch-up shares, {refit.MARKER}"\n')
     assert refit.MARKER in spec.read_text() and "resume_fraction: 0.055" in spec.read_text()
     before = load_profile(ROOT / "src" / "dynspec" / "sim" / "profiles" / "seed-blackwell.yaml")
     # a profile calibrated before issue 13 is refused, and nothing is changed

@@ -341,13 +341,18 @@ def test_published_paths_are_relative_to_the_checkout(tmp_path, monkeypatch):
     assert _shown(tmp_path / "data" / "runs" / "r1") == "data/runs/r1"
 
 
-def test_banner_states_the_profiles_catch_up_cost():
-    from dynspec.sim.profile import load_profile
+def test_banner_states_the_profiles_catch_up_cost(tmp_path):
+    import yaml
 
-    note = report.catch_up_note("seed-blackwell")
-    p = load_profile("seed-blackwell")
-    assert f"{p.catch_up_time(1) / p.plain_time(1):.1%} of a plain step at batch 1" in note and "1.3%" in note
-    assert "KV-only" in note and "5.5% .. 5.5% of a plain step (resume_ms)" in note
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "p", "hardware": "a GPU", "acceptance": {"accept_length": 2.5},
+        "steps": {"batch_size": [1, 64, 256], "plain_ms": [10, 20, 40], "spec_ms": [12, 30, 60],
+                  "catchup_ms": [0.13, 0.2, 0.24], "resume_ms": [0.55, 1.1, 2.2]},
+        "provenance": {"kind": "measured", "source": "test"}}))
+    note = report.catch_up_note(str(path))
+    assert "KV-only" in note and "1.3% of a plain step at batch 1, 0.6% at 256 (the profile's catchup_ms)" in note
+    assert "5.5% .. 5.5% of a plain step (resume_ms)" in note
     assert report.catch_up_note("no-such-profile") == ""
 
 
