@@ -59,6 +59,7 @@ def _pair(df, rate):
     return sel[sel["arm"] == "builtin"].iloc[0], sel[sel["arm"] == "bench-serving"].iloc[0]
 
 
+@pytest.mark.slow  # real time: sglang.bench_serving measures on the wall clock (about 45 s)
 def test_both_drivers_fill_the_same_rows(both_drivers):
     res, df = both_drivers
     assert not res.failed, df["error"].tolist()
@@ -71,6 +72,7 @@ def test_both_drivers_fill_the_same_rows(both_drivers):
     assert "-m sglang.bench_serving" in log and "--request-rate 20" in log and "--max-concurrency" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate, tol", [(math.inf, CLOSED_TOL), (20.0, OPEN_TOL)])
 def test_the_drivers_agree_within_the_stated_tolerance(both_drivers, rate, tol):
     _, df = both_drivers
