@@ -9,7 +9,7 @@ torch).  `dynspec.realsglang.compat` lists the patches SGLang needs to run EAGLE
 
 All arms start at once and get the same prompts at concurrency 1 and 4; output lengths
 differ per prompt so that at concurrency 4 the batch shrinks 4 -> 1 and threshold:2 switches
-both ways.  Two mutant arms carry a deliberately broken plain step and must fail the checks.
+both ways.  Three mutant arms carry a deliberately broken plain step and must fail the checks.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dynspec.live.server_info import dynspec_state  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
 N_PROMPTS = 4
-WAVE = 5  # arms started side by side
+WAVE = 6  # arms started side by side
 LEVELS = (1, 4)
 CYCLE = "cycle:spec=1,plain=2"  # every speculative step follows two plain ones
 METRICS = ("--enable-metrics",)
@@ -44,7 +44,12 @@ MUTANTS = {
     # The draft catch-up computes K and V but never writes them.
     "mutant-no-catch-up": ("    draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,",
                            "    0 and draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,"),
+    # The resume runs before the window's pending catch-up rows are written (cycle: 2 plain
+    # steps, then one speculative; the window holds 8): the draft resumes on stale KV.
+    "mutant-resume-before-flush": ("        self._dynspec_flush_draft_kv()\n        stale = self._dynspec_stale",
+                                   "        stale = self._dynspec_stale"),
 }
+CATCH_UP_MUTANTS = ("mutant-no-catch-up", "mutant-resume-before-flush")
 
 
 def mutant_site(tmp, name: str):
@@ -83,7 +88,7 @@ def runs(tmp_path_factory):
     prompts, lengths = shrinking_prompts(N_PROMPTS)
     out = {"prompts": prompts, "lengths": lengths, "logdir": logdir, "arms": {}}
     try:
-        for wave in (arms[:WAVE], arms[WAVE:]):  # all at once would not fit in 24 GB beside the rest
+        for wave in (arms[i:i + WAVE] for i in range(0, len(arms), WAVE)):  # all at once: not in 24 GB
             with start_arms(wave, models, logdir) as servers:
                 for name, server in servers.items():
                     levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
@@ -177,10 +182,13 @@ def test_the_draft_is_current_after_plain_stretches(runs):
     always-speculating server's only if the plain steps kept the draft's KV and state current."""
     always = accepted_per_spec_step(runs, "patched-always")
     cycle = accepted_per_spec_step(runs, "patched-cycle")
-    broken = accepted_per_spec_step(runs, "mutant-no-catch-up")
     assert always > 1.0, "the crafted draft should be right more often than not"
     assert cycle >= 0.85 * always, (cycle, always)
-    assert broken < 0.5 * always, (broken, always)  # the check can fail
+    # The check can fail: no catch-up at all accepted 0.5x of always or less; resuming before
+    # the window's rows are written, 0.54x (2026-11-30, this machine).
+    for mutant in CATCH_UP_MUTANTS:
+        broken = accepted_per_spec_step(runs, mutant)
+        assert broken < 0.7 * always, (mutant, broken, always)
 
 
 def test_every_arm_started(runs):
