@@ -467,6 +467,81 @@ def test_resume_and_prefill_flush_the_pending_rows_first(sg, env):
     assert trace.kinds() == ["target", "draft_kv"] and w._dynspec_catch_up.pending == 0
 
 
+PREFILL_POOL, PREFIX, EXTEND = [1, 3], [0, 2], [3, 2]  # a fresh prompt and one with a cached prefix
+
+
+def prefill(sg, w, trace):
+    """Prefill two requests (5 extend tokens) through the worker; the target is a fake whose aux
+    hidden state of token t is t + arange and which samples 50 and 60."""
+    ids = torch.tensor([11, 12, 13, 21, 22])
+    rt = w.req_to_token_pool.req_to_token
+    loc = torch.cat([rt[r, p:p + e] for r, p, e in zip(PREFILL_POOL, PREFIX, EXTEND)]).long()
+    seq = torch.tensor([p + e for p, e in zip(PREFIX, EXTEND)])
+    batch = decode_batch(sg, seq, None, forward_mode=sg.fbi.ForwardMode.EXTEND, input_ids=ids.clone(),
+                         req_pool_indices=torch.tensor(PREFILL_POOL), out_cache_loc=loc,
+                         extend_seq_lens=EXTEND, extend_prefix_lens=PREFIX, extend_num_tokens=5)
+    hidden = ids[:, None].float() + torch.arange(H_TARGET).float()
+    sampled = torch.tensor([50, 60])
+
+    def target(model_worker_batch=None, **_):
+        trace.append(("target_prefill", model_worker_batch.capture_hidden_mode))
+        return sg.sched.GenerationBatchResult(
+            logits_output=sg.lp.LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden),
+            next_token_ids=sampled, can_run_cuda_graph=False)
+
+    w.target_worker.forward_batch_generation = target
+    return w.forward_batch_generation(batch), SimpleNamespace(ids=ids, hidden=hidden, sampled=sampled, loc=loc, seq=seq)
+
+
+def test_a_prefill_in_a_plain_stretch_writes_the_draft_kv_only(sg, env):
+    """After a plain step the draft prefill runs no draft forward: it writes the draft K and V
+    of every prompt position (the next prompt token, the sampled one at each prompt's end, at
+    prefix + offset), queues each request's last position as a catch-up row, and leaves the
+    draft state to the resume, which then starts from that row's folded state."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([False, True]), window=8)
+    drive(sg, w, 1)
+    trace.clear()
+    res, p = prefill(sg, w, trace)
+    assert trace.kinds() == ["draft_kv", "target_prefill", "draft_kv"]  # flush, target, the prompt's KV
+    kv = trace[2][1]
+    shifted = torch.tensor([12, 13, 50, 22, 60])
+    k, v = expected_kv(shifted, p.hidden, torch.tensor([0, 1, 2, 2, 3]))
+    assert same(kv["loc"], p.loc)
+    assert torch.allclose(kv["k"].reshape(5, -1), k) and torch.allclose(kv["v"].reshape(5, -1), v)
+    nd = res.next_draft_input
+    assert same(nd.verified_id, p.sampled) and same(nd.new_seq_lens, p.seq) and not nd.hidden_states.any()
+    assert bool(w._dynspec_stale[torch.tensor(PREFILL_POOL)].all())
+    assert w._dynspec_catch_up.pending == 2 and w.dynspec.stats()["kv_only_prefills"] == 1
+    folded = w._dynspec_catch_up.folded(torch.tensor(PREFILL_POOL))
+    assert folded is None or not torch.allclose(folded, 2 * p.hidden[[2, 4], :H_DRAFT])  # not yet flushed
+
+    # The next step speculates: the resume writes the two rows, then drafts from each prompt's end.
+    trace.clear()
+    batch = decode_batch(sg, p.seq, nd, req_pool_indices=torch.tensor(PREFILL_POOL))
+    w.forward_batch_generation(batch)
+    assert trace.kinds()[:3] == ["draft_kv", "draft_attn_init", "draft_forward"]
+    rows = trace[0][1]
+    assert same(rows["loc"], p.loc[[2, 4]]) and torch.allclose(rows["k"], kv["k"][[2, 4]])
+    resume = trace[2][1]
+    assert same(resume["input_ids"], p.sampled) and same(resume["positions"], p.seq - 1)
+    assert same(resume["out_cache_loc"], p.loc[[2, 4]])
+    assert same(resume["hidden_in"], 2 * p.hidden[[2, 4], :H_DRAFT])
+    assert not w._dynspec_resume_pending and not w._dynspec_stale[torch.tensor(PREFILL_POOL)].any()
+
+
+def test_a_prefill_outside_a_plain_stretch_runs_the_full_draft_prefill(sg, env, monkeypatch):
+    """Before any plain step (and after a resume) the draft prefill is upstream's: the prefilled
+    requests get a current draft state and nothing waits for a resume."""
+    w, trace = make_worker(sg, sg.ew, env, Scripted([True]), window=8)
+    calls = []
+    monkeypatch.setattr(w.draft_worker, "_draft_extend_for_prefill",
+                        lambda batch, hidden, ids: calls.append(ids) or "draft-prefill-state", raising=False)
+    res, p = prefill(sg, w, trace)
+    assert trace.kinds() == ["target_prefill"] and len(calls) == 1 and same(calls[0], p.sampled)
+    assert res.next_draft_input == "draft-prefill-state"
+    assert not w._dynspec_stale.any() and w.dynspec.stats()["kv_only_prefills"] == 0
+
+
 def test_a_slot_reused_within_a_window_is_written_by_its_later_row(sg, env):
     """A finished request's slot handed to another request within one window: one pass writes
     both rows, so the earlier row must go to the padding slot 0, whatever the scatter order."""

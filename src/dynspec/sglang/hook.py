@@ -155,6 +155,7 @@ class Controller:
         self.switches = 0
         self.forced_spec = 0  # policy said plain, the batch could not run plain
         self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
+        self.kv_only_prefills = 0  # prefills in a plain stretch: the draft wrote its KV only
         self.mode = "spec"  # the server starts speculating, as configured
         self.last_switch: dict | None = None
         self._spec_steps_observed = 0
@@ -220,6 +221,10 @@ class Controller:
     def note_resume(self) -> None:
         """The patch resumed the draft (one 1-token draft forward) before a speculative step."""
         self.resumes += 1
+
+    def note_kv_only_prefill(self) -> None:
+        """The patch prefilled in a plain stretch: draft KV only, the draft state waits for a resume."""
+        self.kv_only_prefills += 1
 
     def note_other_forward(self) -> None:
         """A prefill/extend batch ran: the next two result intervals are not decode step times."""
@@ -326,6 +331,7 @@ class Controller:
             "switches": self.switches,
             "forced_spec": self.forced_spec,
             "resumes": self.resumes,
+            "kv_only_prefills": self.kv_only_prefills,
             "policy_failed": bool(getattr(self.policy, "failed", False)),
             "fallback": self.fallback,
             "plain_step": self.plain_step_kind,
