@@ -57,7 +57,7 @@ def main() -> int:
         r["cuda_graph_decode_lines"] = len(re.findall(r"Decode batch.*cuda graph: True", log))
         d = r["dynspec"] or {}
         print(f"{name:18s} identical={same} steps_spec={d.get('steps_spec')} steps_plain={d.get('steps_plain')} "
-              f"switches={d.get('switches')} resumes={d.get('resumes')} "
+              f"switches={d.get('switches')} resumes={d.get('resumes')} kv_only_prefills={d.get('kv_only_prefills')} "
               f"accepted/spec step={d.get('mean_accepted_when_speculating')} plain_step={d.get('plain_step')} "
               f"healthy_after={r['healthy_after_s']}s")
         for line in r["dynspec_log_lines"]:

@@ -9,7 +9,8 @@ torch).  `dynspec.realsglang.compat` lists the patches SGLang needs to run EAGLE
 
 All arms start at once and get the same prompts at concurrency 1 and 4; output lengths
 differ per prompt so that at concurrency 4 the batch shrinks 4 -> 1 and threshold:2 switches
-both ways.  Three mutant arms carry a deliberately broken plain step and must fail the checks.
+both ways.  Four mutant arms carry a deliberately broken plain step or plain-stretch prefill and must
+fail the checks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored
 N_PROMPTS = 4
 WAVE = 6  # arms started side by side
 LEVELS = (1, 4)
+# Then prompts of two output tokens, one at a time: a prefill and one decode step each.  Under
+# the cycle (S, P, P, ...) every speculative step of this phase follows a prefill made in a
+# plain stretch, and drafts from the prompt's draft KV (the crafted draft reads positions -1, -2).
+FIRST_STEPS = 12
 CYCLE = "cycle:spec=1,plain=2"  # every speculative step follows two plain ones
 METRICS = ("--enable-metrics",)
 
@@ -48,6 +53,10 @@ MUTANTS = {
     # steps, then one speculative; the window holds 8): the draft resumes on stale KV.
     "mutant-resume-before-flush": ("        self._dynspec_flush_draft_kv()\n        stale = self._dynspec_stale",
                                    "        stale = self._dynspec_stale"),
+    # A prefill in a plain stretch leaves the prompt's draft KV unwritten (the ring still gets
+    # each prompt's last row, so the resume itself is right): the draft reads junk for the prompt.
+    "mutant-no-prefill-kv": ("            _dynspec_draft_kv_catch_up(\n                self.draft_worker.draft_runner, aux",
+                             "            0 and _dynspec_draft_kv_catch_up(\n                self.draft_worker.draft_runner, aux"),
 }
 CATCH_UP_MUTANTS = ("mutant-no-catch-up", "mutant-resume-before-flush")
 
@@ -86,15 +95,18 @@ def runs(tmp_path_factory):
         *(Arm(name, patched=True, policy=CYCLE, site=mutant_site(tmp, name)) for name in MUTANTS),
     ]
     prompts, lengths = shrinking_prompts(N_PROMPTS)
+    first_prompts, _ = shrinking_prompts(FIRST_STEPS, seed=11)
     out = {"prompts": prompts, "lengths": lengths, "logdir": logdir, "arms": {}}
     try:
         for wave in (arms[i:i + WAVE] for i in range(0, len(arms), WAVE)):  # all at once: not in 24 GB
             with start_arms(wave, models, logdir) as servers:
                 for name, server in servers.items():
                     levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
+                    before = server_info(server)
+                    greedy(server, first_prompts, [2] * FIRST_STEPS, 1)
                     snap = server.scrape()
                     out["arms"][name] = {"levels": levels, "info": server_info(server), "metrics": snap.metrics,
-                                         "healthy_after": server.healthy_after}
+                                         "before_first_steps": before, "healthy_after": server.healthy_after}
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
@@ -145,6 +157,9 @@ def test_counters_follow_each_policy(runs):
         assert c["policy_failed"] is False and c["plain_step"] == "eager", arm
     assert cyc["resumes"] >= cyc["steps_spec"] - 1, cyc  # one per plain -> spec switch
     assert always["resumes"] == 0
+    # A prefill after a plain step writes the draft KV only: every prompt but the first for never.
+    assert never["kv_only_prefills"] >= N_PROMPTS - 1 and cyc["kv_only_prefills"] > 0, (never, cyc)
+    assert always["kv_only_prefills"] == 0
 
 
 def test_unset_policy_is_the_upstream_path(runs):
@@ -189,6 +204,28 @@ def test_the_draft_is_current_after_plain_stretches(runs):
     for mutant in CATCH_UP_MUTANTS:
         broken = accepted_per_spec_step(runs, mutant)
         assert broken < 0.7 * always, (mutant, broken, always)
+
+
+def first_step_acceptance(run, arm) -> tuple[float, int, int]:
+    """Draft tokens accepted per request-step over the two-token phase, its speculated
+    request-steps, and its prefills made in a plain stretch."""
+    a, b = dynspec_state(run["arms"][arm]["before_first_steps"]), counters(run, arm)
+    n = b["request_steps_speculated"] - a["request_steps_speculated"]
+    accepted = (b["drafts_accepted"] - a["drafts_accepted"]) / n if n else 0.0
+    return accepted, n, b["kv_only_prefills"] - a["kv_only_prefills"]
+
+
+def test_a_prompt_prefilled_in_a_plain_stretch_drafts_as_well_as_always(runs):
+    """The draft prefill of a plain stretch writes the prompt's draft KV only, and the resume
+    drafts from it: right after such a prefill the draft must be as right as an always-speculating
+    server's right after its full draft prefill."""
+    always, n_always, _ = first_step_acceptance(runs, "patched-always")
+    cycle, n_cycle, kv_only = first_step_acceptance(runs, "patched-cycle")
+    assert n_always == FIRST_STEPS and always > 1.0, (always, n_always)
+    assert kv_only >= FIRST_STEPS // 2 and n_cycle >= FIRST_STEPS // 4, (kv_only, n_cycle)
+    assert cycle >= 0.85 * always, (cycle, always)
+    broken, n_broken, _ = first_step_acceptance(runs, "mutant-no-prefill-kv")
+    assert n_broken >= FIRST_STEPS // 4 and broken < 0.5 * always, (broken, always)
 
 
 def test_every_arm_started(runs):

@@ -104,6 +104,7 @@ def test_observe_builds_step_records_with_times():
     assert r[1].accepted == () and not r[1].speculated  # plain steps carry no acceptance
     assert r[0].accepted == (1, 0, 2, 3)
     assert ctl.stats()["mean_accepted_when_speculating"] == pytest.approx((6 + 4 + 4 + 8 + 8) / 20)
+    assert (ctl.stats()["drafts_accepted"], ctl.stats()["request_steps_speculated"]) == (30, 20)
 
 
 def test_multi_rank_without_sync_never_passes_local_times():

@@ -337,6 +337,9 @@ class Controller:
             "plain_step": self.plain_step_kind,
             "step_times_used": self.times_agreed,
             "tp_size": self.tp_size,
+            # The sums behind the mean: acceptance over any stretch of traffic is a difference.
+            "drafts_accepted": self._accepted_sum,
+            "request_steps_speculated": self._accepted_n,
             "mean_accepted_when_speculating": (
                 round(self._accepted_sum / self._accepted_n, 4) if self._accepted_n else None
             ),
