@@ -35,6 +35,47 @@ def test_members_are_reproducible_validated_profiles_of_every_shape():
             assert p.crossover_batch(up_to=256) is None
 
 
+def test_a_speculative_step_always_costs_more_than_a_plain_one():
+    """spec_ms = accept_length * plain_ms / G: a G drawn above the accept length made a speculative
+    step cheaper than a plain one (21 of family 0's 200 members, before the cap), which no server
+    does: it verifies k+1 tokens per request and runs k draft forwards."""
+    cheaper = {}
+    for m in family(200, seed=0):
+        t = m.profile().steps[0]
+        ratios = [s / p for s, p in zip(t.spec_ms, t.plain_ms)]
+        if min(ratios) <= 1:
+            cheaper[m.index] = round(min(ratios), 3)
+    assert not cheaper, f"members whose speculative step costs no more than a plain one: {cheaper}"
+
+    from dynspec.analysis.family import MIN_SPEC_OVERHEAD
+
+    assert 0 < MIN_SPEC_OVERHEAD < 0.2
+    capped = 0
+    for m in family(200, seed=0):
+        t = m.profile().steps[0]
+        for b, s, p in zip(t.batch_size, t.spec_ms, t.plain_ms):
+            assert s >= p * (1 + MIN_SPEC_OVERHEAD) * (1 - 1e-5), (m.index, b, s, p)  # tables rounded to 1e-5 ms
+            capped += m.gain(b) < m.uncapped_gain(b)
+    assert capped  # the cap is exercised: some knots were drawn above it
+
+
+def test_the_cap_leaves_members_that_were_physical_as_they_were():
+    m = member(0, 0)  # drawn with G at most 1.52 against accept length 2.54: never near the cap
+    t = m.profile().steps[0]
+    assert all(m.gain(b) == m.uncapped_gain(b) for b in t.batch_size)
+    assert t.spec_ms == [round(m.accept_length * m.plain(b) / m.uncapped_gain(b), 5) for b in t.batch_size]
+    # the table the generator made before the cap, byte for byte
+    assert t.spec_ms[:4] == [8.60648, 8.96716, 9.19662, 9.36955] and t.spec_ms[-1] == 16.32377
+    # member 192 was not (G 2.38 at batch 1 against accept length 1.52): the same draws, capped
+    # knots at exactly 1 + MIN_SPEC_OVERHEAD plain steps, the rest and the crossover as drawn
+    from dynspec.analysis.family import MIN_SPEC_OVERHEAD
+
+    m = member(0, 192)
+    t = m.profile().steps[0]
+    assert t.plain_ms[0] == 39.091 and t.spec_ms[0] == pytest.approx(39.091 * (1 + MIN_SPEC_OVERHEAD), abs=1e-5)
+    assert t.spec_ms[-1] == 1245.72673 and m.profile().crossover_batch(up_to=256) == m.crossover
+
+
 def test_crossovers_fall_between_bucket_edges_and_levels_cover_them():
     from dynspec.policy import BUCKET_EDGES
 

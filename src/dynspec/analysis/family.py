@@ -12,7 +12,12 @@ What is drawn, and why each range:
   four shapes: falling through a crossover, flat then falling through it, never above 1
   (speculation never pays; flat ones sit just below 1), never below 1 (it always pays;
   flat ones sit just above 1).  Crossovers fall anywhere in 2..256, log-uniform, so
-  most lie between goodput's bucket edges, not on them;
+  most lie between goodput's bucket edges, not on them.  The drawn G is then capped at
+  accept_length / (1 + MIN_SPEC_OVERHEAD), so a speculative step costs at least 5% more than a
+  plain one: it verifies k+1 tokens per request and runs k draft forwards (uncapped, 21 of
+  family 0's 200 members had cheaper speculative steps at some knot).  The cap is at least
+  1.5 / 1.05 > 1.43, so it moves no crossover and leaves never-below-1 above 1 (its G at 256
+  is at most 1.15); it draws nothing, so members drawn under it are as before, byte for byte;
 - accept length 1.5 to 4 with chains of 2 to 5 drafts, and how much requests differ;
 - the plain step: 4-40 ms at batch 1, growing 0.05% (memory-bound) to 5% (compute-bound)
   of that per extra request;
@@ -35,6 +40,7 @@ SHAPES = ("falling", "flat-then-falling", "never-above-1", "never-below-1")
 # Knots of the step tables: about sqrt(2) apart, deliberately not goodput's bucket edges.
 KNOTS = (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256)
 MAX_BATCH = KNOTS[-1]
+MIN_SPEC_OVERHEAD = 0.05  # a spec step is the target over k+1 tokens plus k draft forwards: >= 5% dearer than plain
 
 
 class Member(Model):
@@ -61,7 +67,12 @@ class Member(Model):
     prefill_per_token: float  # prefill ms per prompt token, as a share of plain_ms
 
     def gain(self, b: float) -> float:
-        """The per-step speedup G(b) this member's profile is built to have."""
+        """The per-step speedup G(b) this member's profile is built to have: the drawn one, capped
+        so that a speculative step costs at least (1 + MIN_SPEC_OVERHEAD) plain steps."""
+        return min(self.uncapped_gain(b), self.accept_length / (1.0 + MIN_SPEC_OVERHEAD))
+
+    def uncapped_gain(self, b: float) -> float:
+        """G(b) as drawn, before the cap (above accept_length it would make spec_ms < plain_ms)."""
         lb = math.log(b)
         if self.shape in ("falling", "flat-then-falling"):
             if b <= self.knee:
