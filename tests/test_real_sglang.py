@@ -15,6 +15,7 @@ fail the checks.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import statistics
@@ -32,13 +33,15 @@ from dynspec.live.server_info import dynspec_state  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
 N_PROMPTS = 4
-WAVE = 6  # arms started side by side
+WAVE = 7  # arms started side by side
 LEVELS = (1, 4)
-# Then prompts of two output tokens, one at a time: a prefill and one decode step each.  Under
-# the cycle (S, P, P, ...) every speculative step of this phase follows a prefill made in a
-# plain stretch, and drafts from the prompt's draft KV (the crafted draft reads positions -1, -2).
+# Then prompts of two output tokens, one at a time: a prefill and two decode steps each (the
+# overlap scheduler runs one step past the last token).  Alternating S, P, every request's prefill
+# follows a plain step (so its draft prefill writes KV only) and its first step speculates: the
+# resume drafts from the prompt's draft KV (the crafted draft reads positions -1 and -2).
 FIRST_STEPS = 12
 CYCLE = "cycle:spec=1,plain=2"  # every speculative step follows two plain ones
+ALTERNATE = "cycle:spec=1,plain=1"
 METRICS = ("--enable-metrics",)
 
 # Deliberate breaks of the patched plain step (text of the patched eagle_worker_v2.py -> broken text).
@@ -59,6 +62,7 @@ MUTANTS = {
                              "            0 and _dynspec_draft_kv_catch_up(\n                self.draft_worker.draft_runner, aux"),
 }
 CATCH_UP_MUTANTS = ("mutant-no-catch-up", "mutant-resume-before-flush")
+MUTANT_POLICY = {"mutant-no-prefill-kv": ALTERNATE}  # the others run CYCLE
 
 
 def mutant_site(tmp, name: str):
@@ -92,7 +96,9 @@ def runs(tmp_path_factory):
         Arm("patched-threshold", patched=True, policy="threshold:on=2,off=2,dwell=0", args=METRICS),
         Arm("patched-goodput", patched=True, policy="goodput"),
         Arm("patched-cycle", patched=True, policy=CYCLE),
-        *(Arm(name, patched=True, policy=CYCLE, site=mutant_site(tmp, name)) for name in MUTANTS),
+        Arm("patched-alternate", patched=True, policy=ALTERNATE),
+        *(Arm(name, patched=True, policy=MUTANT_POLICY.get(name, CYCLE), site=mutant_site(tmp, name))
+          for name in MUTANTS),
     ]
     prompts, lengths = shrinking_prompts(N_PROMPTS)
     first_prompts, _ = shrinking_prompts(FIRST_STEPS, seed=11)
@@ -110,6 +116,10 @@ def runs(tmp_path_factory):
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
+        # The counters beside the logs: what each check saw, readable after the run.
+        counters_seen = {name: {"before_first_steps": dynspec_state(a["before_first_steps"]),
+                                "after": dynspec_state(a["info"])} for name, a in out["arms"].items()}
+        (logdir / "counters.json").write_text(json.dumps(counters_seen, indent=1, default=str))
     return out
 
 
@@ -123,12 +133,12 @@ def counters(run, arm):
 
 def accepted_per_spec_step(run, arm) -> float:
     """Draft tokens accepted per speculative step, over every request of both levels."""
-    block = counters(run, arm)
+    block = dynspec_state(run["arms"][arm]["before_first_steps"])
     return block["mean_accepted_when_speculating"]
 
 
 GOOD_ARMS = ("eagle-upstream", "patched-unset", "patched-always", "patched-never", "patched-threshold",
-             "patched-goodput", "patched-cycle")
+             "patched-goodput", "patched-cycle", "patched-alternate")
 
 
 @pytest.mark.parametrize("arm", GOOD_ARMS)
@@ -218,14 +228,17 @@ def first_step_acceptance(run, arm) -> tuple[float, int, int]:
 def test_a_prompt_prefilled_in_a_plain_stretch_drafts_as_well_as_always(runs):
     """The draft prefill of a plain stretch writes the prompt's draft KV only, and the resume
     drafts from it: right after such a prefill the draft must be as right as an always-speculating
-    server's right after its full draft prefill."""
+    server's right after its full draft prefill, and a prefill that skips the prompt's KV not."""
     always, n_always, _ = first_step_acceptance(runs, "patched-always")
-    cycle, n_cycle, kv_only = first_step_acceptance(runs, "patched-cycle")
-    assert n_always == FIRST_STEPS and always > 1.0, (always, n_always)
-    assert kv_only >= FIRST_STEPS // 2 and n_cycle >= FIRST_STEPS // 4, (kv_only, n_cycle)
-    assert cycle >= 0.85 * always, (cycle, always)
-    broken, n_broken, _ = first_step_acceptance(runs, "mutant-no-prefill-kv")
-    assert n_broken >= FIRST_STEPS // 4 and broken < 0.5 * always, (broken, always)
+    alt, n_alt, kv_only = first_step_acceptance(runs, "patched-alternate")
+    assert n_always >= FIRST_STEPS and always > 0.5, (always, n_always)
+    assert kv_only >= FIRST_STEPS - 1 and n_alt >= FIRST_STEPS - 1, (kv_only, n_alt)
+    assert alt >= 0.85 * always, (alt, always)
+    # The check can fail: without the prompt's draft KV the same arm accepted 0.0 against 1.67
+    # (2026-11-30, this machine).
+    broken, n_broken, kv_broken = first_step_acceptance(runs, "mutant-no-prefill-kv")
+    assert n_broken >= FIRST_STEPS - 1 and kv_broken >= FIRST_STEPS - 1, (n_broken, kv_broken)
+    assert broken < 0.5 * alt, (broken, alt)
 
 
 def test_every_arm_started(runs):
