@@ -70,8 +70,11 @@ def main() -> int:
                    for _ in range(args.requests)]
     lengths = [args.tokens] * args.requests
     rates, wall = {}, {}
-    with start_arms(arms, tmp / "models", tmp / "logs", gpu=args.gpu, extra_args=extra) as servers:
-        for name, server in servers.items():
+    # One arm at a time: SGLang sizes its KV pool as if alone on the GPU (0.4 of it for weights and
+    # KV), so a second server started beside the first finds too little left and exits.
+    for arm in arms:
+        with start_arms([arm], tmp / "models", tmp / "logs", gpu=args.gpu, extra_args=extra) as servers:
+            name, server = arm.name, servers[arm.name]
             greedy(server, prompts[:1], [8], 1)  # warm: first-request paths are not per step
             time.sleep(2.5)  # the census flushes once a second
             before = census.read(folders[name])

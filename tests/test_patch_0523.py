@@ -339,6 +339,7 @@ def deps_dir() -> Path:
     return Path(os.environ.get("DYNSPEC_SGLANG_0523_DEPS", Path(sys.prefix) / "sglang-0.5.23-deps"))
 
 
+@pytest.mark.slow  # 20 s: unpacks the 39 MB wheel and imports the patched modules in a child
 def test_patched_sglang_0523_on_cpu(tmp_path):
     deps = deps_dir()
     if not (deps / "transformers").is_dir():
