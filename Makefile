@@ -58,7 +58,7 @@ lint: test-venv
 # Your own loop: everything but the real-server tests, on every core (pytest-xdist).  CI's
 # `make test` stays serial: its real-server tests start several SGLang servers at once.
 test-fast: test-venv
-	$(PY) -m pytest -m "not slow" -n auto
+	$(PY) -m pytest -m "not slow" -n auto --dist worksteal
 
 # The embedded default: the seed's arms and levels, simulated from the seed-blackwell profile.
 # `make report` writes into build/ (ignored), so a checkout stays clean; `make publish`
