@@ -8,7 +8,7 @@ import sys
 import pytest
 from pydantic import Field, ValidationError, model_validator
 
-from dynspec.models import Model, StrictModel, cli_options, validation_message
+from dynspec.models import Model, StrictModel, cli_options, input_error, validation_message
 
 
 class Inner(StrictModel):
@@ -53,6 +53,13 @@ def test_a_nested_error_is_one_line_naming_its_location_and_counting_the_rest():
                              "cfg.yaml")
     assert msg == "cfg.yaml: inner.1.rate: Input should be greater than 0 (and 1 more)"
     assert "\n" not in msg
+
+
+def test_a_commands_input_error_is_one_line_whatever_raised_it():
+    with pytest.raises(ValidationError) as exc:
+        Outer(name="x", inner=[{"rate": -1}])
+    assert input_error("dynspec sim", exc.value) == "dynspec sim: inner.0.rate: Input should be greater than 0"
+    assert input_error("dynspec sim", ValueError("no such profile")) == "dynspec sim: no such profile"
 
 
 def test_a_problem_of_the_whole_input_has_no_location():

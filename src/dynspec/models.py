@@ -69,3 +69,9 @@ def validation_message(exc: ValidationError, where: str = "", options: Mapping[s
     problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return ": ".join(part for part in (where, ".".join(path), problem) if part) + more
+
+
+def input_error(prog: str, exc: Exception) -> str:
+    """A command's bad input as its one line: `prog: what is wrong` (a pydantic error by its first
+    problem and path, anything else by its message)."""
+    return f"{prog}: {validation_message(exc) if isinstance(exc, ValidationError) else exc}"

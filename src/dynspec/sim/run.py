@@ -22,7 +22,7 @@ from pydantic import Field, field_validator
 from dynspec.io.atomic import write_json
 from dynspec.sim.engine import Engine
 from dynspec.roles import ARM_POLICIES, SIM_ARMS
-from dynspec.models import Model, Workload, field_default, validation_message
+from dynspec.models import Model, Workload, field_default, input_error
 from dynspec.policy import PolicySpecError, build_policy
 from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
@@ -203,8 +203,6 @@ def config_path(out: str | Path) -> Path:
 
 
 def _run(args) -> int:
-    from pydantic import ValidationError
-
     from dynspec.sim.profile import ProfileError, load_profile
     from dynspec.results import write_table
 
@@ -215,11 +213,8 @@ def _run(args) -> int:
                         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                         seed=args.seed, run_id=args.run_id, out=args.out)
         profile = load_profile(cfg.profile)
-    except ValidationError as exc:
-        print(f"{prog}: {validation_message(exc)}", file=sys.stderr)
-        return 2
-    except (ValueError, ProfileError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    except (ValueError, ProfileError) as exc:  # pydantic's ValidationError is a ValueError
+        print(input_error(prog, exc), file=sys.stderr)
         return 2
     from dynspec import provenance
 

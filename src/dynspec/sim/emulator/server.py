@@ -6,11 +6,10 @@ import asyncio
 import signal
 import sys
 
-from pydantic import ValidationError
 
 from dynspec.sim.emulator.app import emulator_key, make_app
 from dynspec.sim.emulator.clock import EmulatorConfig
-from dynspec.models import validation_message
+from dynspec.models import input_error
 from dynspec.sim.run import SIM_ARMS
 
 
@@ -59,11 +58,8 @@ def _run(args) -> int:
                              time_scale=args.time_scale, seed=args.seed, model_name=args.model_name,
                              context_length=args.context_length, max_running_requests=args.max_running_requests)
         profile = load_profile(cfg.profile)
-    except ValidationError as exc:
-        print(f"{prog}: {validation_message(exc)}", file=sys.stderr)
-        return 2
-    except (ValueError, ProfileError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    except (ValueError, ProfileError) as exc:  # pydantic's ValidationError is a ValueError
+        print(input_error(prog, exc), file=sys.stderr)
         return 2
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"{prog}: note: listening on {cfg.host}, not loopback only", file=sys.stderr)
