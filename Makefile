@@ -54,8 +54,8 @@ lint: test-venv
 	$(PY) -m ruff check src tests benchmarks scripts notebooks
 	$(PY) -m mypy
 
-# The inner loop: everything but the tests that start real SGLang servers (about 6 minutes of them).
-# Your own loop: everything but the real-server tests, on every core (pytest-xdist).  CI's
+# Your own loop: everything but the slow tests (real SGLang servers, bench_serving in real time, the
+# 0.5.23 wheel import: about 9 minutes of them), on every core (pytest-xdist, work stealing).  CI's
 # `make test` stays serial: its real-server tests start several SGLang servers at once.
 test-fast: test-venv
 	$(PY) -m pytest -m "not slow" -n auto --dist worksteal
