@@ -6,7 +6,6 @@ import asyncio
 import signal
 import sys
 
-
 from dynspec.sim.emulator.app import emulator_key, make_app
 from dynspec.sim.emulator.clock import EmulatorConfig
 from dynspec.models import input_error
