@@ -4,16 +4,23 @@
 #   2. Llama-3.1-8B shapes (dummy weights, bf16): `dynspec sweep --backend live` over
 #      configs/h200-llama8b-live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
-# Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder).
+# Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder),
+# gpu-clocks.csv (the GPU's clocks, temperature and power, once a second).
 set -u
 source scripts/h200_setup.sh
+gpu_clock_log
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml)
 [ -n "${SKIP_IDENTITY:-}" ] || timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
     --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
 [ -n "${SKIP_IDENTITY:-}" ] || { echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"; }
 gpu_idle; python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
-timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" \
+# A run longer than one call: RESUME_DIR is its folder as the last call brought it back (carried in
+# the working tree); the sweep measures what is missing (SWEEP_S bounds each call).
+RESUME=""; if [ -n "${RESUME_DIR:-}" ]; then
+    rm -rf "/tmp/runs/$RUN"; mkdir -p /tmp/runs; cp -r "$RESUME_DIR" "/tmp/runs/$RUN"; RESUME=--resume
+fi
+timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" $RESUME \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
 tar czf "$OUT/$RUN.tgz" -C /tmp/runs "$RUN"

@@ -9,3 +9,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 # Between phases of one call: a killed server frees its GPU memory only once its processes are
 # gone; the next phase's servers size their KV pools from what is free then.
 gpu_idle() { for _ in $(seq 60); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 2; done; }
+# The GPU's clocks, temperature, power and throttle reasons once a second, for the whole call: two
+# servers measured one after the other are comparable only if the GPU ran alike for both (read
+# only; the lent machine's settings are left as they are).
+gpu_clock_log() {
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,clocks_throttle_reasons.active \
+        --format=csv -l 1 > "$OUT/gpu-clocks.csv" 2>/dev/null &
+    GPU_CLOCK_LOG_PID=$!
+    trap 'kill $GPU_CLOCK_LOG_PID 2>/dev/null' EXIT
+}

@@ -442,6 +442,22 @@ def test_the_price_of_switching_is_stated_where_a_run_measures_it():
     assert report.switch_price(_levels()) == ""
 
 
+def test_the_price_pools_arms_of_a_policy_so_abba_order_cancels_drift():
+    """Arms run plain, never, never, plain on a GPU that slows 1% per arm: each `never` arm keeps
+    0.99 of a plain server at the same moment.  The pooled ratio is 0.99 exactly; the first arm of
+    each policy alone would say 0.99 * 0.99 (never ran one arm after plain)."""
+    drift = [1.0, 0.99, 0.98, 0.97]  # the GPU's speed while each arm ran, in run order
+    order = ["plain-a", "never-a", "never-b", "plain-b"]
+    base = {1: 100.0, 8: 700.0}
+    tp = {arm: {c: t * d * (0.99 if arm.startswith("never") else 1.0) for c, t in base.items()}
+          for arm, d in zip(order, drift)}
+    lv = _levels(throughput=tp, policy={"plain-a": "none", "plain-b": "none", "never-a": "never",
+                                        "never-b": "never"})
+    text = report.switch_price(lv)
+    assert "0.990 at C=1, 0.990 at C=8" in text, text
+    assert "`never-a` + `never-b`" in text and "`plain-a` + `plain-b`" in text and "ABBA" in text
+
+
 def test_figures_keep_their_legend_below_and_accept_length_from_one():
     lv = _levels()
     fig = report.throughput_figure(lv)

@@ -319,7 +319,11 @@ def findings(levels: pd.DataFrame, config: dict | None = None) -> str:
 
 def switch_price(levels: pd.DataFrame) -> str:
     """What the patched server told never to speculate keeps of a plain server's throughput, per
-    level ("" unless the run has both: an arm of policy "none" and one of policy "never")."""
+    level ("" unless the run has both: an arm of policy "none" and one of policy "never").
+
+    Several arms of a policy are pooled (their mean per level): a run whose arms go plain, never,
+    never, plain (ABBA) compares servers that ran, on average, at the same moment, so a GPU that
+    drifts (clocks, temperature) over the run favours neither."""
     if "policy" not in levels:
         return ""
     pol = levels.groupby("arm")["policy"].first().astype(str).str.lower()
@@ -327,12 +331,18 @@ def switch_price(levels: pd.DataFrame) -> str:
     if not none or not never:
         return ""
     w = levels.pivot_table(index="concurrency", columns="arm", values="output_throughput")
-    ratio = (w[never[0]] / w[none[0]]).dropna()
+    ratio = (w[never].mean(axis=1, skipna=False) / w[none].mean(axis=1, skipna=False)).dropna()
     if ratio.empty:
         return ""
     per = ", ".join(f"{r:.3f} at C={int(c)}" for c, r in ratio.items())
-    return (f"`{never[0]}` (speculation off by policy, the draft kept current) delivers {per} of "
-            f"`{none[0]}`'s output throughput (a plain server); worst {ratio.min():.3f}.")
+    pooled = (f" (means of {len(never)} and {len(none)} arms; run in ABBA order, they cancel a steady drift)"
+              if len(never) > 1 or len(none) > 1 else "")
+    return (f"{_arm_names(never)} (speculation off by policy, the draft kept current) delivers {per} of "
+            f"{_arm_names(none)}'s output throughput (a plain server){pooled}; worst {ratio.min():.4f}.")
+
+
+def _arm_names(arms: list[str]) -> str:
+    return " + ".join(f"`{a}`" for a in arms)
 
 
 def lockstep_ttft_note(levels: pd.DataFrame, config: dict) -> str:
