@@ -23,6 +23,7 @@ when the dynamic arm misses the target at any level for any seed.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -49,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="with --family: which family")
     ap.add_argument("--family-member", metavar="S:I", help="run member I of family S alone, every arm, level by level")
     ap.add_argument("--jobs", type=int, default=1, help="with --family: members simulated in parallel")
+    ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
+                    help="with --family: output lengths drawn in [R x the member's, the member's] per request "
+                         "(bench_serving's --random-range-ratio; default 1: one fixed length)")
     args = ap.parse_args(argv)
+    if not 0.0 < args.range_ratio <= 1.0:
+        ap.error(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
     if args.family is not None or args.family_member:
         return family_main(args)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -103,13 +109,14 @@ def family_main(args) -> int:
         members = [member(int(s), int(i))]
     else:
         members = [member(args.seed, i) for i in range(args.family)]
+    run = functools.partial(run_member, range_ratio=args.range_ratio)
     if args.jobs > 1:
         from multiprocessing import Pool
 
         with Pool(args.jobs) as pool:
-            parts = pool.map(run_member, members, chunksize=1)
+            parts = pool.map(run, members, chunksize=1)
     else:
-        parts = [run_member(m) for m in members]
+        parts = [run(m) for m in members]
     df = pd.DataFrame([r for part in parts for r in part])
     cpu = time.process_time() - t0 if args.jobs <= 1 else float("nan")
     if args.family_member:
@@ -119,7 +126,8 @@ def family_main(args) -> int:
               [["baseline", "eagle3", *ARMS]].round(3).to_string())
     seed = members[0].seed
     print(f"\nfamily {seed}, {len(members)} members, {df.concurrency.nunique()} distinct levels "
-          f"({len(df[df.arm == 'dynamic'])} member-levels): simulated output tok/s / max(baseline, eagle3)")
+          f"({len(df[df.arm == 'dynamic'])} member-levels): simulated output tok/s / max(baseline, eagle3)"
+          + (f", output lengths in [{args.range_ratio:g}, 1] x the member's" if args.range_ratio < 1 else ""))
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_envelope)}")
     print("the same / max(never, eagle3) on the switching server (its plain steps pay the catch-up; "
@@ -131,7 +139,8 @@ def family_main(args) -> int:
     wm = next(m for m in members if m.index == worst.member)
     print(f"dynamic's worst: {worst.of_envelope:.3f} at C={int(worst.concurrency)} on member {seed}:{wm.index} "
           f"({wm.model_dump()})")
-    print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}")
+    lengths = f" --range-ratio {args.range_ratio:g}" if args.range_ratio < 1 else ""
+    print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}{lengths}")
     ok = dyn.of_envelope.min() >= TARGET and dyn.of_envelope.median() >= FAMILY_MEDIAN
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} "
           f"({time.perf_counter() - w0:.0f} s wall" + (f", {cpu:.0f} s CPU)" if cpu == cpu else f", {args.jobs} jobs)"))

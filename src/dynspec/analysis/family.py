@@ -199,19 +199,31 @@ def vllm_k0_profile(p: Profile) -> Profile:
     return parse_profile(data, f"{p.name} (vLLM K=0)")
 
 
-def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0) -> list[dict]:
+def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_ratio: float = 1.0) -> list[dict]:
     """Simulated output tok/s of baseline, eagle3 and `arms` at each level: one row per (arm, level),
     with the ratio to the envelope max(baseline, eagle3) (`of_envelope`) and to the switching
     server's max(never, eagle3) (`of_switching`: a plain step there pays the catch-up, so where plain
-    wins no switching arm can beat 1 / (1 + catch-up) of the envelope)."""
-    from dynspec.sim.run import simulate_level
+    wins no switching arm can beat 1 / (1 + catch-up) of the envelope).
+
+    range_ratio < 1: each request's output length is drawn in [range_ratio x output_len, output_len]
+    (bench_serving's --random-range-ratio), the same draws for every arm at a level.  With one
+    fixed length a plain server's requests finish together, so their next prompts prefill in one
+    batch, while speculation scatters the finishes and with them the prefills: a cost of the
+    benchmark's lockstep that varied lengths do not have (docs/POLICIES.md)."""
+    from dynspec.live.prompts import draw_lengths
+    from dynspec.sim.run import default_num_prompts, simulate_level
 
     p = m.profile()
     cs = levels_for(m, levels)
-    work = dict(input_len=m.input_len, output_len=m.output_len, seed=sim_seed)
 
     def tps(profile, arm, c):
-        return simulate_level(profile, arm, c, **work)[0]["output_throughput"]
+        if range_ratio >= 1.0:
+            work = dict(input_len=m.input_len, output_len=m.output_len)
+        else:
+            rng = random.Random(f"dynspec-family-lengths-{m.seed}-{m.index}-{c}")
+            outs = draw_lengths(rng, default_num_prompts(c), m.output_len, range_ratio)
+            work = dict(lengths=[(m.input_len, o) for o in outs])
+        return simulate_level(profile, arm, c, seed=sim_seed, **work)[0]["output_throughput"]
 
     # "never": plain steps on the switching server, catch-up paid: with eagle3, the best a server
     # that can switch does at a level by choosing one mode for it (the policy's own error is against this).

@@ -55,7 +55,7 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / 4))
 
 
-def _draw(rng: random.Random, n: int, length: int, ratio: float) -> list[int]:
+def draw_lengths(rng: random.Random, n: int, length: int, ratio: float) -> list[int]:
     """n lengths uniform in [max(1, int(length * ratio)), length] (bench_serving's range ratio)."""
     lo = max(1, int(length * ratio))
     return [length if lo >= length else rng.randint(lo, length) for _ in range(n)]
@@ -72,7 +72,7 @@ def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int =
         ins, outs = [input_len] * n, [output_len] * n
     else:
         lens = random.Random(f"lengths-{seed}")
-        ins, outs = _draw(lens, n, input_len, range_ratio), _draw(lens, n, output_len, range_ratio)
+        ins, outs = draw_lengths(lens, n, input_len, range_ratio), draw_lengths(lens, n, output_len, range_ratio)
     return [Prompt(o, input_ids=tuple(rng.randrange(lo, vocab_size) for _ in range(i))) for i, o in zip(ins, outs)]
 
 
@@ -170,7 +170,7 @@ def file_prompts(source: str, path: str | Path, n: int, output_len: int, *, seed
     if output_lens == "dataset":
         outs = [o for _, o in chosen]
     elif output_lens == "range":
-        outs = _draw(random.Random(f"lengths-{seed}"), n, output_len, range_ratio)
+        outs = draw_lengths(random.Random(f"lengths-{seed}"), n, output_len, range_ratio)
     else:
         # a jsonl line's own output_len is kept (as before issue 17); otherwise the config's
         outs = [o if source == "jsonl" and o is not None else output_len for _, o in chosen]
