@@ -66,7 +66,8 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepRecord, build_policy, state_checksum
+from dynspec.policy import (FailSafePolicy, Policy, PolicySpecError, StepRecord, SyncHook, build_policy,
+                            state_checksum)
 
 ENV_POLICY = "DYNSPEC_POLICY"
 ENV_PROFILE = "DYNSPEC_PROFILE"
@@ -76,8 +77,8 @@ DEFAULT_CATCH_UP_WINDOW = 8
 
 _log = logging.getLogger("dynspec.sglang.hook")
 
-SyncHook = Callable[[list], list]  # all-reduce MEAN over the TP ranks
-MinSyncHook = Callable[[list], list]  # all-reduce MIN over the TP ranks
+# SyncHook (dynspec.policy): an all-reduce MEAN over the TP ranks.
+MinSyncHook = Callable[[list[float]], list[float]]  # all-reduce MIN over the TP ranks
 
 # A step interval longer than this is a pause (no traffic), not a step time.
 MAX_STEP_TIME_S = 10.0
