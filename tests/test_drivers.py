@@ -15,12 +15,12 @@ from dynspec.live.sweep import run_sweep
 # The stated tolerance: both drivers measure the same emulated server the same way (bench_serving's
 # definitions), so closed-loop throughput and median TPOT agree within 20%, median TTFT within 30%
 # (a few ms, where one client's scheduling shows).  Measured 1% apart on an idle 2-core machine;
-# 10% because the emulator runs in real time and the two levels run one after the other, so a
+# not 1% because the emulator runs in real time and the two levels run one after the other, so a
 # busy machine (other tests, other processes) slows one of them (seen: outside 5% with the
 # machine three times oversubscribed, and 16% apart in a fresh-clone CI run that took 18 min
 # instead of 13 on a loaded machine: 284.6 against 245.5 tok/s), hence 20% for throughput and
-# TPOT.  A wrong definition (input tokens counted as output, TTFT inside TPOT) is off by far more.  At an open-loop level each draws its own Poisson
-# arrivals (bench_serving from numpy's global seed, after its dataset's draws): 80 arrivals at
+# TPOT.  A wrong definition (input tokens counted as output, TTFT inside TPOT) is off by far more.
+# At an open-loop level each draws its own Poisson arrivals (bench_serving from numpy's global seed, after its dataset's draws): 80 arrivals at
 # 20 req/s span 4 s +- 11% each, so the served rates are compared within 40%, median TPOT within 10%.
 CLOSED_TOL = {"output_throughput": 0.20, "median_tpot_ms": 0.20, "median_ttft_ms": 0.30}
 OPEN_TOL = {"request_throughput": 0.40, "median_tpot_ms": 0.10}
