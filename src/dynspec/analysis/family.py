@@ -216,14 +216,15 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
     p = m.profile()
     cs = levels_for(m, levels)
 
-    def tps(profile, arm, c):
-        if range_ratio >= 1.0:
-            work = dict(input_len=m.input_len, output_len=m.output_len)
-        else:
+    work = {c: dict(input_len=m.input_len, output_len=m.output_len) for c in cs}
+    if range_ratio < 1.0:  # drawn once per level: every arm serves the same requests
+        for c in cs:
             rng = random.Random(f"dynspec-family-lengths-{m.seed}-{m.index}-{c}")
             outs = draw_lengths(rng, default_num_prompts(c), m.output_len, range_ratio)
-            work = dict(lengths=[(m.input_len, o) for o in outs])
-        return simulate_level(profile, arm, c, seed=sim_seed, **work)[0]["output_throughput"]
+            work[c] = dict(lengths=[(m.input_len, o) for o in outs])
+
+    def tps(profile, arm, c):
+        return simulate_level(profile, arm, c, seed=sim_seed, **work[c])[0]["output_throughput"]
 
     # "never": plain steps on the switching server, catch-up paid: with eagle3, the best a server
     # that can switch does at a level by choosing one mode for it (the policy's own error is against this).
