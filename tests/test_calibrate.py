@@ -443,7 +443,8 @@ def test_batches_whose_cache_does_not_fit_are_left_out():
     cfg = cal.CalibrateConfig(shape="llama-3.1-8b", name="x", out=Path("x.yaml"), contexts=(1024, 4096))
     per_token = 2 * (32 + 1) * 8 * 128 * 2  # k and v, 32 target layers + 1 draft layer, 8 kv heads x 128, bf16
     acts = 8 * (128256 * (2 + 4) + 4 * 14336 * 2)  # 8 tokens (q=8): logits + a float copy, the MLP's
-    need = 192 * (per_token * (4096 + 8 + 4) + acts) + 4 * 2**30
+    # positions: the context, then the longest of a q=8 forward and a catch-up window, then a verify
+    need = 192 * (per_token * (4096 + max(8, cfg.catch_up_window) + 4) + acts) + 4 * 2**30
     assert cal.fitting_batch(cfg, 4096, need) == 192
     assert cal.fitting_batch(cfg, 4096, need - 1) == 160
     assert cal.fitting_batch(cfg, 1024, need) == 256  # a shorter context fits more

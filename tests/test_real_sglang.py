@@ -53,7 +53,7 @@ MUTANTS = {
     "mutant-no-catch-up": ("    draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,",
                            "    0 and draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, slot,"),
     # The resume runs before the window's pending catch-up rows are written (cycle: 2 plain
-    # steps, then one speculative; the window holds 8): the draft resumes on stale KV.
+    # steps, then one speculative; the window holds 32): the draft resumes on stale KV.
     "mutant-resume-before-flush": ("        self._dynspec_flush_draft_kv()\n        stale = self._dynspec_stale",
                                    "        stale = self._dynspec_stale"),
     # A prefill in a plain stretch leaves the prompt's draft KV unwritten (the ring still gets

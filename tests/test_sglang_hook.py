@@ -185,14 +185,14 @@ def test_plain_cuda_graph_switch():
 
 
 def test_catch_up_window_takes_1_to_64_and_falls_back_with_one_line(caplog):
-    assert catch_up_window({}) == 8
+    assert catch_up_window({}) == 32
     assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": " 1 "}) == 1
     assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": "64"}) == 64
     log = logging.getLogger("test-window")
     for bad in ("0", "65", "eight", "2.5"):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": bad}, log=log) == 8
+            assert catch_up_window({"DYNSPEC_CATCHUP_WINDOW": bad}, log=log) == 32
         assert len(caplog.records) == 1 and "DYNSPEC_CATCHUP_WINDOW" in caplog.text
 
 

@@ -48,6 +48,7 @@ from pydantic import Field, ValidationError, ValidationInfo, computed_field, fie
 
 from dynspec.io.atomic import write_json
 from dynspec.calibrate.model_shapes import PRESETS, ModelDims, resolve_shape
+from dynspec.sglang.hook import DEFAULT_CATCH_UP_WINDOW
 from dynspec.models import Model, Workload, cli_options, field_default, validation_message
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class CalibrateConfig(Model):
     tokens_per_request: tuple[int, ...] = (1, 2, 4, 8)
     input_len: int = Field(field_default(Workload, "input_len"), ge=1)  # the prefill timings' prompt length
     num_steps: int = Field(3, ge=1)
-    catch_up_window: int = Field(8, ge=1, le=64)  # the 0.5.9 patch's DYNSPEC_CATCHUP_WINDOW default
+    catch_up_window: int = Field(DEFAULT_CATCH_UP_WINDOW, ge=1, le=64)  # as the 0.5.9 patch's default
     concentration: float = Field(10.0, gt=0)
     repeats: int = Field(20, ge=1)
     warmup: int = Field(5, ge=0)
@@ -632,9 +633,9 @@ def add_cli(sub) -> None:
     p.add_argument("--input-len", type=int, default=field_default(CalibrateConfig, "input_len"),
                    help="prompt length of the prefill timings (default %(default)s)")
     p.add_argument("--num-steps", type=int, default=3, help="EAGLE draft chain length (topk 1; default 3)")
-    p.add_argument("--catch-up-window", type=int, default=8,
+    p.add_argument("--catch-up-window", type=int, default=DEFAULT_CATCH_UP_WINDOW,
                    help="plain steps whose draft KV catch-up is written in one pass, as the patch's "
-                        "DYNSPEC_CATCHUP_WINDOW (1..64; default 8)")
+                        "DYNSPEC_CATCHUP_WINDOW (1..64; default %(default)s)")
     p.add_argument("--accept-length", type=float, default=2.5,
                    help="assumed tokens per request per verify, bonus included, in (1, 1+num_steps]; random "
                         "weights cannot measure it (default 2.5)")
