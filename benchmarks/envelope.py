@@ -53,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
                     help="with --family: output lengths drawn in [R x the member's, the member's] per request "
                          "(bench_serving's --random-range-ratio; default 1: one fixed length)")
+    ap.add_argument("--level-scale", type=int, default=1, metavar="K",
+                    help="with --family: each level serves K x max(5C, 50) requests (default 1), so what a "
+                         "level pays once (learning from nothing, the drain) weighs less")
     args = ap.parse_args(argv)
+    if args.level_scale < 1:
+        ap.error(f"--level-scale must be an integer >= 1, got {args.level_scale}")
     if not 0.0 < args.range_ratio <= 1.0:
         ap.error(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
     if args.family is not None or args.family_member:
@@ -109,7 +114,7 @@ def family_main(args) -> int:
         members = [member(int(s), int(i))]
     else:
         members = [member(args.seed, i) for i in range(args.family)]
-    run = functools.partial(run_member, range_ratio=args.range_ratio)
+    run = functools.partial(run_member, range_ratio=args.range_ratio, level_scale=args.level_scale)
     if args.jobs > 1:
         from multiprocessing import Pool
 
@@ -127,7 +132,8 @@ def family_main(args) -> int:
     seed = members[0].seed
     print(f"\nfamily {seed}, {len(members)} members, {df.concurrency.nunique()} distinct levels "
           f"({len(df[df.arm == 'dynamic'])} member-levels): simulated output tok/s / max(baseline, eagle3)"
-          + (f", output lengths in [{args.range_ratio:g}, 1] x the member's" if args.range_ratio < 1 else ""))
+          + (f", output lengths in [{args.range_ratio:g}, 1] x the member's" if args.range_ratio < 1 else "")
+          + (f", {args.level_scale} x max(5C, 50) requests per level" if args.level_scale > 1 else ""))
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_envelope)}")
     print("the same / max(never, eagle3) on the switching server (its plain steps pay the catch-up; "
@@ -140,6 +146,7 @@ def family_main(args) -> int:
     print(f"dynamic's worst: {worst.of_envelope:.3f} at C={int(worst.concurrency)} on member {seed}:{wm.index} "
           f"({wm.model_dump()})")
     lengths = f" --range-ratio {args.range_ratio:g}" if args.range_ratio < 1 else ""
+    lengths += f" --level-scale {args.level_scale}" if args.level_scale > 1 else ""
     print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}{lengths}")
     ok = dyn.of_envelope.min() >= TARGET and dyn.of_envelope.median() >= FAMILY_MEDIAN
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} "

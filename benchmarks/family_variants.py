@@ -1,6 +1,7 @@
 """goodput variants on a generated family's hardest member-levels, and the closed loop's drain (#14).
 
-Reads the CSV that `benchmarks/envelope.py --family N --out F.csv` wrote, takes the dynamic arm's
+Reads the CSV (or .parquet) that `benchmarks/envelope.py --family N --out F.csv` wrote (with
+`--range-ratio R`, give the same R here: the same seeded output lengths), takes the dynamic arm's
 `--worst` lowest member-levels (against the switching server's max(never, EAGLE-3)) and a seeded
 random sample of `--sample` others, and simulates each goodput spec given on them: min / p5 /
 median / mean of the ratio, for the worst and the sample apart, so a variant that lifts the tail
@@ -21,18 +22,21 @@ import random
 
 import pandas as pd
 
-from dynspec.analysis.family import member
+from dynspec.analysis.family import level_requests, member
 from dynspec.sim.run import simulate_level
 
 
-def tps(m, arm: str, c: int, num_prompts: int | None = None) -> float:
-    row = simulate_level(m.profile(), arm, c, input_len=m.input_len, output_len=m.output_len, seed=0,
-                         num_prompts=num_prompts)[0]
+def tps(m, arm: str, c: int, num_prompts: int | None = None, range_ratio: float = 1.0) -> float:
+    if range_ratio < 1.0:  # the CSV's own draws (envelope.py --range-ratio)
+        row = simulate_level(m.profile(), arm, c, seed=0, **level_requests(m, c, range_ratio))[0]
+    else:
+        row = simulate_level(m.profile(), arm, c, input_len=m.input_len, output_len=m.output_len, seed=0,
+                             num_prompts=num_prompts)[0]
     return row["output_throughput"]
 
 
-def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: int) -> None:
-    d = pd.read_csv(csv)
+def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: int, range_ratio: float) -> None:
+    d = pd.read_parquet(csv) if csv.endswith(".parquet") else pd.read_csv(csv)
     piv = d.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
     own = piv[["never", "eagle3"]].max(axis=1)
     base = (piv["dynamic"] / own).sort_values()
@@ -44,7 +48,7 @@ def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: i
         m = members.setdefault(key[0], member(family_seed, key[0]))
         row = {"set": "worst" if key in hard else "sample", "dynamic (from the CSV)": base[key]}
         for s in specs:
-            row[s] = tps(m, f"policy:{s}", key[1]) / own[key]
+            row[s] = tps(m, f"policy:{s}", key[1], range_ratio=range_ratio) / own[key]
         rows.append(row)
     r = pd.DataFrame(rows)
     for col in ["dynamic (from the CSV)", *specs]:
@@ -74,11 +78,13 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=340)
     ap.add_argument("--family-seed", type=int, default=0)
     ap.add_argument("--drain", nargs="+", metavar="M:C")
+    ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
+                    help="the --range-ratio the CSV was made with (its seeded output-length draws)")
     args = ap.parse_args()
     if args.drain:
         drain(args.drain, args.family_seed)
     elif args.csv and args.specs:
-        variants(args.csv, args.specs, args.worst, args.sample, args.family_seed)
+        variants(args.csv, args.specs, args.worst, args.sample, args.family_seed, args.range_ratio)
     else:
         ap.error("give a CSV and goodput specs, or --drain M:C ...")
     return 0

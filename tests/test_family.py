@@ -123,3 +123,36 @@ def test_varied_output_lengths_lift_the_lockstep_cost_off_speculation():
     assert fixed["eagle3"] < 0.95 * fixed["baseline"], fixed
     assert varied["eagle3"] > 1.02 * varied["baseline"], varied
     assert tps(0.5) == varied  # seeded: the same draws on every run
+
+
+def test_a_longer_level_amortizes_what_the_policy_learns_once():
+    """Member 0:117 at C=32 (varied lengths; plain wins there by 4x per token): the dynamic arm
+    starts from nothing at every level, and its first speculative samples cost about as much as a
+    160-request level's whole loss; at 4 x the requests it is closer to the switching server's
+    best (0.961 -> 0.987 on 2026-12-01).  A run_member that ignores level_scale fails."""
+    m = member(0, 117)
+
+    def of_switching(scale):
+        rows = run_member(m, arms=("dynamic",), levels=(32,), range_ratio=0.5, level_scale=scale)
+        return next(r["of_switching"] for r in rows if r["arm"] == "dynamic" and r["concurrency"] == 32)
+
+    short, long = of_switching(1), of_switching(4)
+    assert long > short + 0.01, (short, long)
+
+
+def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
+    """Member 0:156 (EAGLE-3 1.10x per step at every batch) at C=1 and 2, varied lengths: with an
+    EMA of accepted drafts over about 50 requests (acc_alpha 0.02) an unlucky run turns speculation
+    off, only probes sample it after that, and the estimate settles low (0.93 of the switching
+    server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%."""
+    from dynspec.analysis.family import level_requests
+    from dynspec.sim.run import simulate_level
+
+    m = member(0, 156)
+    for c in (1, 2):
+        work = level_requests(m, c, range_ratio=0.5)
+        t = {a: simulate_level(m.profile(), a, c, **work)[0]["output_throughput"]
+             for a in ("eagle3", "policy:never", "policy:goodput", "policy:goodput:acc_alpha=0.02")}
+        best = max(t["eagle3"], t["policy:never"])
+        assert t["policy:goodput"] >= 0.97 * best, (c, t)
+        assert t["policy:goodput:acc_alpha=0.02"] < 0.95 * best, (c, t)  # the control: the old default

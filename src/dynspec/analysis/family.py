@@ -199,7 +199,22 @@ def vllm_k0_profile(p: Profile) -> Profile:
     return parse_profile(data, f"{p.name} (vLLM K=0)")
 
 
-def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_ratio: float = 1.0) -> list[dict]:
+def level_requests(m: Member, c: int, range_ratio: float = 1.0, level_scale: int = 1) -> dict:
+    """simulate_level's request arguments for member m at concurrency c: level_scale x max(5C, 50)
+    requests of the member's lengths, or with range_ratio < 1 output lengths drawn in
+    [range_ratio x, 1 x] the member's, seeded by member and level (the same draws on every call)."""
+    from dynspec.live.prompts import draw_lengths
+    from dynspec.sim.run import default_num_prompts
+
+    n = level_scale * default_num_prompts(c)
+    if range_ratio >= 1.0:
+        return dict(input_len=m.input_len, output_len=m.output_len, num_prompts=n)
+    rng = random.Random(f"dynspec-family-lengths-{m.seed}-{m.index}-{c}")
+    return dict(lengths=[(m.input_len, o) for o in draw_lengths(rng, n, m.output_len, range_ratio)])
+
+
+def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_ratio: float = 1.0,
+               level_scale: int = 1) -> list[dict]:
     """Simulated output tok/s of baseline, eagle3 and `arms` at each level: one row per (arm, level),
     with the ratio to the envelope max(baseline, eagle3) (`of_envelope`) and to the switching
     server's max(never, eagle3) (`of_switching`: a plain step there pays the catch-up, so where plain
@@ -209,19 +224,15 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
     (bench_serving's --random-range-ratio), the same draws for every arm at a level.  With one
     fixed length a plain server's requests finish together, so their next prompts prefill in one
     batch, while speculation scatters the finishes and with them the prefills: a cost of the
-    benchmark's lockstep that varied lengths do not have (docs/POLICIES.md)."""
-    from dynspec.live.prompts import draw_lengths
-    from dynspec.sim.run import default_num_prompts, simulate_level
+    benchmark's lockstep that varied lengths do not have (docs/POLICIES.md).
+
+    level_scale: each level serves that many times max(5C, 50) requests, so what a level costs
+    once (the policy learning from nothing, the last requests draining) weighs less."""
+    from dynspec.sim.run import simulate_level
 
     p = m.profile()
     cs = levels_for(m, levels)
-
-    work = {c: dict(input_len=m.input_len, output_len=m.output_len) for c in cs}
-    if range_ratio < 1.0:  # drawn once per level: every arm serves the same requests
-        for c in cs:
-            rng = random.Random(f"dynspec-family-lengths-{m.seed}-{m.index}-{c}")
-            outs = draw_lengths(rng, default_num_prompts(c), m.output_len, range_ratio)
-            work[c] = dict(lengths=[(m.input_len, o) for o in outs])
+    work = {c: level_requests(m, c, range_ratio, level_scale) for c in cs}  # drawn once: every arm the same
 
     def tps(profile, arm, c):
         return simulate_level(profile, arm, c, seed=sim_seed, **work[c])[0]["output_throughput"]

@@ -403,7 +403,7 @@ class Goodput(Policy):
         margin: float = 0.02,
         lead: float = 0.05,
         alpha: float = 0.1,
-        acc_alpha: float = 0.02,
+        acc_alpha: float = 0.005,
         min_samples: int = 2,
         spec_text: str = "goodput",
     ):
