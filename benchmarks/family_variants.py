@@ -27,12 +27,10 @@ from dynspec.sim.run import simulate_level
 
 
 def tps(m, arm: str, c: int, num_prompts: int | None = None, range_ratio: float = 1.0) -> float:
-    if range_ratio < 1.0:  # the CSV's own draws (envelope.py --range-ratio)
-        row = simulate_level(m.profile(), arm, c, seed=0, **level_requests(m, c, range_ratio))[0]
-    else:
-        row = simulate_level(m.profile(), arm, c, input_len=m.input_len, output_len=m.output_len, seed=0,
-                             num_prompts=num_prompts)[0]
-    return row["output_throughput"]
+    work = level_requests(m, c, range_ratio)  # the requests the CSV's level served
+    if num_prompts is not None:  # --drain: fixed lengths, this many requests
+        work["num_prompts"] = num_prompts
+    return simulate_level(m.profile(), arm, c, seed=0, **work)[0]["output_throughput"]
 
 
 def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: int, range_ratio: float) -> None:
