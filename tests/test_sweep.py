@@ -250,6 +250,33 @@ def test_live_backend_server_that_never_gets_healthy_and_a_level_timeout(tmp_pat
     assert "--port" in log and "/models/target" not in log
 
 
+def test_an_interleaved_schedule_keeps_every_server_up_and_measures_the_arms_in_abba_order(tmp_path):
+    # Real emulator processes from live launch lines; one arm's server dies at start and only its
+    # own levels fail.  Sequentially run, arm b would start only after arm a's levels and stop.
+    emu = (f"{sys.executable} -m dynspec emulate --profile seed-blackwell --arm baseline --host {{host}} "
+           f"--port {{port}} --time-scale 20")
+    data = yaml.safe_load(CI_TINY.read_text())
+    data.update(backend="live", model="/models/target", concurrency=[1, 2], num_prompts=4, warmup_requests=0,
+                repeats=2, driver="dynspec", schedule="interleaved",
+                timeouts={"startup_s": 30, "level_s": 30, "request_s": 30, "shutdown_grace_s": 5},
+                arms=[{"name": "a", "launch": emu},
+                      {"name": "broken", "launch": f"{sys.executable} -c 'raise SystemExit(4)' --port {{port}}"},
+                      {"name": "b", "launch": emu}])
+    res = run_sweep(parse_config(data), run_id="i", runs_dir=tmp_path, progress=False)
+    assert res.failed and res.rows == 12
+    rows = rows_of(tmp_path / "i")
+    broken = [r for r in rows if r["arm"] == "broken"]
+    assert len(broken) == 4 and all(r["error"].startswith("server not started: arm broken") for r in broken)
+    measured = [(r["arm"], int(r["concurrency"]), int(r["repeat"])) for r in rows if r["arm"] != "broken"]
+    assert measured == [("a", 1, 0), ("b", 1, 0), ("a", 2, 0), ("b", 2, 0),
+                        ("b", 1, 1), ("a", 1, 1), ("b", 2, 1), ("a", 2, 1)]
+    assert all(r["error"] == "" and r["completed"] == "4" for r in rows if r["arm"] != "broken")
+    log = (tmp_path / "i" / "sweep.log").read_text()
+    assert log.index("arm b: healthy") < log.index("a_c1_r0:") < log.index("arm a: server stopped")
+    info = json.loads((tmp_path / "i" / "run.json").read_text())
+    assert all(not alive(info["servers"][n]["pid"]) for n in ("a", "b"))
+
+
 def test_sim_backend_writes_the_same_run_folder(tmp_path):
     from dynspec.sim.profile import load_profile
     from dynspec.sim.run import simulate_level

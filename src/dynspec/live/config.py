@@ -248,6 +248,12 @@ class SweepConfig(StrictModel):
     # dynspec for emulate.  An arm's `driver` overrides it.
     driver: Literal["bench_serving", "dynspec"] | None = None
     bench_serving: BenchServing = BenchServing()
+    # sequential: one arm's server at a time, every level of that arm, then the next arm.
+    # interleaved (live, emulate): every arm's server runs at once, and repeat r measures each level
+    # on every arm in turn, in the arms' order when r is even and reversed when odd (ABBA), so that
+    # drift and heat over the run fall on all arms alike.  The arms' launch lines must then share the
+    # machine (for SGLang: --max-total-tokens and --mem-fraction-static, --sleep-on-idle).
+    schedule: Literal["sequential", "interleaved"] = "sequential"
     arms: list[Arm] = Field(min_length=1)
 
     @field_validator("concurrency")

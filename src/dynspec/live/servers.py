@@ -180,6 +180,7 @@ class ArmServer:
         self.log_path = Path(log_path)
         self.startup_timeout, self.shutdown_grace = startup_timeout, shutdown_grace
         self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0  # time.monotonic() at start()
 
     @property
     def base_url(self) -> str:
@@ -193,6 +194,7 @@ class ArmServer:
                   f"# dynspec command: {' '.join(self.argv)}\n# dynspec env: {json.dumps(self.env)}\n")
         log.write(header.encode())
         log.flush()
+        self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

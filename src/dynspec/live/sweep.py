@@ -300,8 +300,11 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
         log.info("run %s: backend %s, %d arms x %d levels x %d repeats%s; log: %s", run.info["run_id"], backend,
                  len(cfg.arms), len(cfg.levels()), cfg.repeats,
                  f" ({len(done)} already measured)" if resume else "", run.dir / "sweep.log")
-        for arm in cfg.arms:
-            sweep.run_arm(arm)
+        if cfg.schedule == "interleaved" and backend != "sim":
+            sweep.run_interleaved()
+        else:
+            for arm in cfg.arms:
+                sweep.run_arm(arm)
         status = "failed" if sweep.any_failed() else "complete"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -313,7 +316,7 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
                       run.info["run_id"])
         raise
     finally:
-        sweep.stop_server()
+        sweep.stop_servers()
         run.info["status"] = status
         run.info["finished"] = _now()
         run.info["sessions"][-1].update(finished=_now(), status=status, rows=sweep.rows_written)
@@ -335,7 +338,8 @@ class _Sweep:
         # An emulator runs time_scale times faster than its profile: rows are written on the
         # profile's clock (requests scaled before they are summarized), offered rates sent faster.
         self.time_scale = cfg.emulate.time_scale if backend == "emulate" else 1.0
-        self.server = None
+        self.server = None  # the server of the arm being measured
+        self.servers: dict = {}  # every server up now, by arm name
         self.rows_written = 0
         self.failures = 0
         # Progress: "level k/N" and an ETA from the levels measured so far in this session.
@@ -392,31 +396,73 @@ class _Sweep:
             for lv, r in pending:
                 self.sim_level(arm, lv, r)
             return
-        from dynspec.live.servers import ServerError
-
-        try:
-            self.start_server(arm)
-        except Exception as exc:  # whatever the server did, this arm fails and the next one runs
-            msg = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
-            log.error("arm %s: %s", arm.name, msg)
-            self.stop_server()
-            self.fail_levels(arm, pending, f"server not started: {msg}")
+        if not self.start_server(arm, pending):
             return
         try:
             for i, (lv, r) in enumerate(pending):
-                if not self.server.alive():
-                    self.fail_levels(arm, pending[i:], f"server exited with code {self.server.returncode} "
-                                                       f"before this level")
+                if not self.measure_on(arm, lv, r, pending[i:]):
                     break
-                try:
-                    self.server_level(arm, lv, r)
-                except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
-                    log.exception("%s: failed", level_name(arm.name, lv, r))
-                    self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
         finally:
-            self.stop_server()
+            self.stop_servers()
 
-    def start_server(self, arm) -> None:
+    def run_interleaved(self) -> None:
+        """Every arm's server up at once; repeat r measures each level on every arm in turn, the
+        arms in order when r is even and reversed when odd."""
+        cfg = self.cfg
+        todo = [(a, lv, r) for r in range(cfg.repeats) for lv in cfg.levels() for a in cfg.arms
+                if (a.name, lv.concurrency, lv.rate, r) not in self.done]
+        arms = [a for a in cfg.arms if any(t[0] is a for t in todo)]
+        if not arms:
+            log.info("every level already measured")
+            return
+
+        def left(arm) -> list:
+            return [(lv, r) for a, lv, r in todo if a is arm]
+
+        # Launched together, then waited for one by one: they start side by side.
+        launched = [a for a in arms if self.start_server(a, left(a), wait=False)]
+        up = [a for a in launched if self.start_server(a, left(a), launch=False)]
+        for r in range(cfg.repeats):
+            order = up if r % 2 == 0 else up[::-1]
+            for lv in cfg.levels():
+                for arm in order:
+                    if (arm, lv, r) in todo and arm.name in self.servers:
+                        if not self.measure_on(arm, lv, r, left(arm)):
+                            self.stop_servers(arm.name)
+                        todo.remove((arm, lv, r))
+
+    def measure_on(self, arm, lv: Level, r: int, left: list) -> bool:
+        """One level on the arm's running server; False (and the rest of `left` failed) if it has died."""
+        self.server = self.servers[arm.name]
+        if not self.server.alive():
+            self.fail_levels(arm, left, f"server exited with code {self.server.returncode} before this level")
+            return False
+        try:
+            self.server_level(arm, lv, r)
+        except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
+            log.exception("%s: failed", level_name(arm.name, lv, r))
+            self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
+        return True
+
+    def start_server(self, arm, pending: list, *, launch: bool = True, wait: bool = True) -> bool:
+        """Launch the arm's server and/or wait until it is healthy.  False when it did not start: then
+        its `pending` levels are failed rows and the next arm runs."""
+        from dynspec.live.servers import ServerError
+
+        try:
+            if launch:
+                self._launch(arm)
+            if wait:
+                self._wait_healthy(self.servers[arm.name])
+            return True
+        except Exception as exc:  # whatever the server did, this arm fails and the next one runs
+            msg = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+            log.error("arm %s: %s", arm.name, msg)
+            self.stop_servers(arm.name)
+            self.fail_levels(arm, pending, f"server not started: {msg}")
+            return False
+
+    def _launch(self, arm) -> None:
         from dynspec.live.servers import (
             ArmServer,
             emulator_argv,
@@ -425,36 +471,47 @@ class _Sweep:
         )
 
         cfg = self.cfg
+        taken = {s.port for s in self.servers.values()}
         port = free_port(cfg.host)
+        while port in taken:  # servers launched together must not be handed one port twice
+            port = free_port(cfg.host)
         if self.backend == "emulate":
             argv = emulator_argv(cfg.profile, arm.sim_arm, cfg.host, port, cfg.emulate.time_scale, cfg.seed)
         else:
             argv = fill_placeholders(arm.launch, {"model": cfg.model or "", "draft_model": cfg.draft_model or "",
                                                   "port": str(port), "host": cfg.host, "python": sys.executable})
-        self.server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=arm.env,
-                                log_path=self.run.dir / "logs" / f"{arm.name}.log",
-                                startup_timeout=cfg.timeouts.startup_s,
-                                shutdown_grace=cfg.timeouts.shutdown_grace_s)
+        server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=arm.env,
+                           log_path=self.run.dir / "logs" / f"{arm.name}.log",
+                           startup_timeout=cfg.timeouts.startup_s, shutdown_grace=cfg.timeouts.shutdown_grace_s)
+        self.servers[arm.name] = server
         log.info("arm %s: starting %s", arm.name, " ".join(argv))
         entry = {"command": argv, "env": arm.env, "port": port, "started": _now()}
         self.run.info["servers"][arm.name] = entry
-        self.server.start()
-        entry["pid"] = self.server.proc.pid
+        server.start()
+        entry["pid"] = server.proc.pid
         self.run.save_info()
-        waited = self.server.wait_healthy()
-        entry["healthy_after_s"] = round(waited, 2)
-        self.run.save_info()
-        log.info("arm %s: healthy after %.1fs (pid %d, port %d)", arm.name, waited, self.server.proc.pid, port)
 
-    def stop_server(self) -> None:
-        if self.server is None:
-            return
-        code = self.server.stop()
-        entry = self.run.info["servers"].get(self.server.name, {})
-        entry.update(stopped=_now(), exit_code=code)
+    def _wait_healthy(self, server) -> None:
+        server.wait_healthy()
+        entry = self.run.info["servers"][server.name]
+        entry["healthy_after_s"] = round(time.monotonic() - server.started_at, 2)  # since its launch
         self.run.save_info()
-        log.info("arm %s: server stopped (exit code %s)", self.server.name, code)
-        self.server = None
+        log.info("arm %s: healthy after %.1fs (pid %d, port %d)", server.name, entry["healthy_after_s"],
+                 server.proc.pid, server.port)
+
+    def stop_servers(self, name: str | None = None) -> None:
+        """Stop the named arm's server, or every server up (None)."""
+        for n in ([name] if name is not None else list(self.servers)):
+            server = self.servers.pop(n, None)
+            if server is None:
+                continue
+            code = server.stop()
+            entry = self.run.info["servers"].get(n, {})
+            entry.update(stopped=_now(), exit_code=code)
+            self.run.save_info()
+            log.info("arm %s: server stopped (exit code %s)", n, code)
+            if self.server is server:
+                self.server = None
 
     # Levels ---------------------------------------------------------------------------------
     def sim_level(self, arm, lv: Level, r: int) -> None:
