@@ -93,18 +93,20 @@ def test_vllm_k0_pays_a_full_draft_forward_on_every_plain_step():
     assert k0.resume_time(32) == 0 and k0.spec_time(32) == p.spec_time(32)
 
 
-def test_dynamic_arm_on_a_small_family():
-    """Ten members, five levels each: the dynamic arm must stay near the switching server's best
-    mode at every level (a broken policy, e.g. one that always or never speculates, falls far
-    below on some member: see the control)."""
+@pytest.mark.parametrize("range_ratio, worst", [(1.0, 0.93), (0.5, 0.945)])
+def test_dynamic_arm_on_a_small_family(range_ratio, worst):
+    """Ten members, four levels each, at fixed output lengths and at lengths drawn in [0.5, 1] x:
+    the dynamic arm must stay near the switching server's best mode at every level (simulated on
+    2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied).  A broken policy, e.g.
+    one that always or never speculates, falls far below on some member: see the control."""
     levels = (1, 4, 16, 64)
     ratios, always = [], []
     for m in family(10, seed=1):
-        rows = run_member(m, arms=("dynamic", "threshold:32"), levels=levels)
+        rows = run_member(m, arms=("dynamic",), levels=levels, range_ratio=range_ratio)
         ratios += [r["of_switching"] for r in rows if r["arm"] == "dynamic"]
         always += [r["of_switching"] for r in rows if r["arm"] == "eagle3"]
     ratios = np.array(ratios)
-    assert ratios.min() >= 0.90 and np.median(ratios) >= 0.98, (ratios.min(), np.median(ratios))
+    assert ratios.min() >= worst and np.median(ratios) >= 0.99, (ratios.min(), np.median(ratios))
     assert min(always) < 0.8  # the control: some member punishes a policy that does not adapt
 
 
