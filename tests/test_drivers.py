@@ -16,14 +16,18 @@ from dynspec.live.sweep import run_sweep
 # definitions).  The emulator runs in real time and the two levels run one after the other, so a
 # busy machine slows one level's server: its throughput falls and its times rise by one factor
 # (seen: 16% apart in throughput in a fresh-clone CI run on a loaded machine, 284.6 against 245.5
-# tok/s; 1% on an idle one).  So the closed-loop level compares what that factor cancels in, each
-# within 10%: throughput x median TPOT (tokens per second x seconds per token: the requests decoding
-# at once) and median TTFT / median TPOT; and the raw values only within 40%.  What this catches is
+# tok/s; 1% on an idle one).  So the closed-loop level compares what that factor cancels in:
+# throughput x median TPOT (tokens per second x seconds per token: the requests decoding at once)
+# within 10%, median TTFT / median TPOT within 25% (below); and the raw values only within 40%.  What this catches is
 # a gross definition error (input tokens counted as output multiply the first form by 5 here, 128
 # in and 32 out); a difference of a few percent, such as TPOT taken as e2e / tokens instead of
 # (e2e - TTFT) / (tokens - 1), is 4% here and below what a real-time level can resolve.
 CLOSED_TOL = {"output_throughput": 0.40, "median_tpot_ms": 0.40, "median_ttft_ms": 0.40}
-CLOSED_LOAD_FREE_TOL = 0.10
+# TTFT / TPOT within 25%: a median TTFT of about 30 ms here carries each client's own overhead,
+# a few ms that grow on a busy machine (CI, 2026-12-01, two cores shared with a real-server run:
+# 29.9 ms against 34.4 ms, the ratio 2.22 against 2.55).  A wrong TTFT (taken at the last token,
+# or from the level's start) is off many times over.
+CLOSED_LOAD_FREE_TOL = {"throughput x median TPOT": 0.10, "median TTFT / median TPOT": 0.25}
 # At an open-loop level each draws its own Poisson arrivals (bench_serving from numpy's global seed, after its dataset's draws): 80 arrivals at
 # 20 req/s span 4 s +- 11% each, so the served rates are compared within 40%, median TPOT within 10%.
 OPEN_TOL = {"request_throughput": 0.40, "median_tpot_ms": 0.10}
@@ -96,7 +100,7 @@ def test_the_drivers_agree_within_the_stated_tolerance(both_drivers, rate, tol):
         a, b = load_free(mine), load_free(theirs)
         print(", ".join(f"{k} {a[k]:.3f} (dynspec) vs {b[k]:.3f} (bench_serving)" for k in a))
         for k in a:
-            assert a[k] == pytest.approx(b[k], rel=CLOSED_LOAD_FREE_TOL), (k, a[k], b[k])
+            assert a[k] == pytest.approx(b[k], rel=CLOSED_LOAD_FREE_TOL[k]), (k, a[k], b[k])
 
 
 def test_the_load_free_forms_cancel_a_slowdown_and_catch_a_wrong_definition():
@@ -106,8 +110,7 @@ def test_the_load_free_forms_cancel_a_slowdown_and_catch_a_wrong_definition():
     slow = {"output_throughput": 284.6 / 1.25, "median_tpot_ms": 13.5 * 1.25, "median_ttft_ms": 31.8 * 1.25}
     assert load_free(slow) == pytest.approx(load_free(row))
     wrong = dict(row, output_throughput=row["output_throughput"] * (128 + 32) / 32)
-    off = [abs(load_free(wrong)[k] / v - 1) for k, v in load_free(row).items()]
-    assert max(off) > CLOSED_LOAD_FREE_TOL
+    assert any(abs(load_free(wrong)[k] / v - 1) > CLOSED_LOAD_FREE_TOL[k] for k, v in load_free(row).items())
 
 
 def _tiny(**changes):

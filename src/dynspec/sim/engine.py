@@ -122,6 +122,24 @@ class EngineStats:
         return self.steps_spec / self.decode_steps if self.decode_steps else math.nan
 
 
+def _advance(req: Request, n: int, end: float, record: bool, finished: list, still: list) -> None:
+    """`req` gets n tokens at `end`: into `finished` if that is its last, else `still`."""
+    req.generated += n
+    if record:
+        itls, last = req.itls, req.last_token_time
+        assert itls is not None and last is not None  # submit gave it a list; running: a first token
+        if n == 1:
+            itls.append(end - last)
+        else:
+            itls.extend([(end - last) / n] * n)  # as bench_serving splits a chunk's gap
+    req.last_token_time = end
+    if req.generated >= req.output_len:
+        req.finish_time = end
+        finished.append(req)
+    else:
+        still.append(req)
+
+
 class Engine:
     """Continuous batching over a profile; `policy=None` means a server without speculation."""
 
@@ -293,7 +311,7 @@ class Engine:
         self.clock = end = start + duration
         finished: list[Request] = []
         still: list[Request] = []
-        record = self.record_itl
+        record, advance = self.record_itl, _advance
         if spec:
             log, n_max = math.log, self.num_steps
             accepted: list[int] = []
@@ -314,20 +332,9 @@ class Engine:
                 accepted.append(k)
                 n = k + 1
                 emitted += n
-                req.generated += n
                 req.spec_steps += 1
                 req.spec_tokens += n
-                if record:
-                    itls, last = req.itls, req.last_token_time
-                    assert itls is not None and last is not None  # submit gave it a list; running: a first token
-                    gap = (end - last) / n
-                    itls.extend([gap] * n)  # as bench_serving splits a chunk's gap
-                req.last_token_time = end
-                if req.generated >= req.output_len:
-                    req.finish_time = end
-                    finished.append(req)
-                else:
-                    still.append(req)
+                advance(req, n, end, record, finished, still)
             st.steps_spec += 1
             st.spec_request_steps += bs
             st.spec_tokens += emitted
@@ -335,17 +342,7 @@ class Engine:
             rec = StepRecord(bs, True, accepted, duration)
         else:
             for req in running:
-                req.generated += 1
-                if record:
-                    itls, last = req.itls, req.last_token_time
-                    assert itls is not None and last is not None  # as in a speculative step
-                    itls.append(end - last)
-                req.last_token_time = end
-                if req.generated >= req.output_len:
-                    req.finish_time = end
-                    finished.append(req)
-                else:
-                    still.append(req)
+                advance(req, 1, end, record, finished, still)
             st.steps_plain += 1
             st.tokens_out += bs
             rec = StepRecord(bs, False, (), duration)
