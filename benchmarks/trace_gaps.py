@@ -23,6 +23,7 @@ from pathlib import Path
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 WAITS = ("Synchronize", "cudaMemcpy ", "cudaMemcpy")  # host calls that block until the GPU catches up
+GAP_SIZES = (("< 0.1 ms", 100.0), ("0.1-1 ms", 1000.0), ("1-10 ms", 10000.0), (">= 10 ms", float("inf")))
 
 
 def load(path: Path) -> list[dict]:
@@ -82,6 +83,7 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0, spans: list
     py = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "python_function")
     starts = [p[0] for p in py]
     busy, idle, end = 0.0, collections.Counter(), gpu[0][0]
+    gaps: list[tuple[float, str]] = []  # every idle gap: (us, site that ended it)
     work, sites = collections.Counter(), {}
     for start, stop, e in gpu:
         corr = e.get("args", {}).get("correlation")
@@ -91,6 +93,7 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0, spans: list
         work[sites[corr]] += e["dur"]
         if start - end > min_gap_us:
             idle[sites[corr]] += start - end
+            gaps.append((start - end, sites[corr]))
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     waits = collections.Counter()
@@ -102,8 +105,16 @@ def analyse(events: list[dict], steps: int, min_gap_us: float = 5.0, spans: list
         kernels[e["name"][:90]] += e["dur"]
     span = end - gpu[0][0]
     per = 1000.0 * steps  # us -> ms per step
+    # Idle by gap size (ms per step): many short gaps (per-step host work) or a few long ones
+    # (a stall around a prefill, or no work queued at all).
+    sizes = collections.Counter()
+    for us, _ in gaps:
+        sizes[next(label for label, top in GAP_SIZES if us < top)] += us
     return {"span_ms": span / per, "busy_ms": busy / per, "idle_ms": sum(idle.values()) / per,
             "idle_by_site": {k: v / per for k, v in idle.most_common(12)},
+            "idle_by_gap_size": {label: sizes[label] / per for label, _ in GAP_SIZES},
+            "longest_gaps_ms": {f"{i + 1:2d}. {site}": us / 1000.0
+                                for i, (us, site) in enumerate(sorted(gaps, reverse=True)[:10])},
             "waits_by_site": {k: v / per for k, v in waits.most_common(12)},
             "gpu_by_site": {k: v / per for k, v in work.most_common(25)},
             "kernels": {k: v / per for k, v in kernels.most_common(40)},
@@ -124,8 +135,9 @@ def main() -> int:
                                       spans=[x for x in args.spans.split(",") if x])
         print(f"\n== {name}: per step {s['span_ms']:.3f} ms traced, GPU busy {s['busy_ms']:.3f} ms, "
               f"idle {s['idle_ms']:.3f} ms")
-        for title in ("idle_by_site", "waits_by_site", "gpu_by_site", "gpu_by_span", "kernels"):
-            print(f"  {title} (ms per step):")
+        for title in ("idle_by_site", "idle_by_gap_size", "longest_gaps_ms", "waits_by_site", "gpu_by_site",
+                      "gpu_by_span", "kernels"):
+            print(f"  {title} ({'ms each' if title == 'longest_gaps_ms' else 'ms per step'}):")
             for k, v in s[title].items():
                 print(f"    {v:8.3f}  {k}")
     if args.out:

@@ -13,13 +13,16 @@ source scripts/h200_setup.sh
 STEPS=${PROFILE_STEPS:-30}; WORK=/tmp/census; mkdir -p "$WORK"
 # PROMPT_LEN=1024 PROFILE_STEPS=12 TOKENS=4: a trace that holds the prompts' prefills, for the
 # draft prefill's share (gpu_by_span) rather than the decode steps'.
-gpu_idle; timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests 4 \
+# CENSUS_ARGS: more options, e.g. a running load at C=64 (a wave of prefills inside the trace):
+#   REQUESTS=384 TOKENS=128 PROMPT_LEN=256 PROFILE_STEPS=160 \
+#   CENSUS_ARGS="--concurrency 64 --profile-after 3 --no-census" bash scripts/h200_census.sh
+gpu_idle; timeout ${CENSUS_S:-400} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --requests ${REQUESTS:-4} \
     --tokens ${TOKENS:-64} --prompt-len ${PROMPT_LEN:-0} --profile-steps "$STEPS" --out "$WORK/census.json" \
-    > "$OUT/census.txt" 2>&1
+    ${CENSUS_ARGS:-} > "$OUT/census.txt" 2>&1
 echo "census exit $?" >> "$OUT/census.txt"; tail -30 "$OUT/census.txt"
 cp "$WORK/census.json" "$OUT/" 2>/dev/null
 python3 benchmarks/trace_gaps.py --steps "$STEPS" --out "$OUT/gaps.json" \
-    --spans _draft_extend_for_prefill,_dynspec_flush_draft_kv,_dynspec_plain_step,_dynspec_resume \
+    --spans _draft_extend_for_prefill,_dynspec_kv_only_prefill,_dynspec_flush_draft_kv,_dynspec_plain_step,_dynspec_resume,prepare_for_decode \
     plain="$WORK/traces/plain" patched-never="$WORK/traces/patched-never" > "$OUT/gaps.txt" 2>&1
 cat "$OUT/gaps.txt"
 for arm in plain patched-never; do  # the largest trace per arm, when it fits what comes back (16 MiB)

@@ -144,6 +144,18 @@ def test_parse_prometheus_sums_label_sets():
     assert m["a_total"] == 3.5 and m["sglang:num_running_reqs"] == 4 and m["spaced"] == 1000
 
 
+def test_parse_prometheus_keeps_each_category_of_gpu_time():
+    # SGLang's device timer: GPU seconds per forward mode, one series per category (and TP rank).
+    text = ('sglang:gpu_execution_seconds_total{model_name="m",tp_rank="0",category="forward_extend"} 2.5\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",tp_rank="1",category="forward_extend"} 0.5\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",tp_rank="0",category="forward_decode"} 7\n')
+    m = parse_prometheus(text)
+    assert m["sglang:gpu_execution_seconds_total"] == 10
+    assert m["sglang:gpu_execution_seconds_total{forward_extend}"] == 3
+    assert m["sglang:gpu_execution_seconds_total{forward_decode}"] == 7
+    assert not any("{" in k for k in parse_prometheus('a{x="1"} 1\n'))  # other labels: summed only
+
+
 def test_level_counters_from_snapshots():
     def snap(spec, plain, sw, acc=None, via="info"):
         info = {"internal_states": [{"avg_spec_accept_length": acc}] if acc else [{}]}

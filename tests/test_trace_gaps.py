@@ -60,6 +60,11 @@ def test_gaps_are_charged_to_the_frame_that_launched_the_kernel_ending_them(tmp_
     # GPU time by launching site: the GEMMs are run_batch's, the norms the plain step's.
     assert s["gpu_by_site"] == {"managers/scheduler.py(10): run_batch": pytest.approx(0.3),
                                 "speculative/eagle_worker_v2.py(5): _dynspec_plain_step": pytest.approx(0.05)}
+    # Three gaps, 380, 380 and 270 us, all between 0.1 and 1 ms; the longest first, each with its site.
+    assert s["idle_by_gap_size"] == {"< 0.1 ms": 0.0, "0.1-1 ms": pytest.approx(0.515), "1-10 ms": 0.0,
+                                     ">= 10 ms": 0.0}
+    assert list(s["longest_gaps_ms"].values()) == pytest.approx([0.38, 0.38, 0.27])
+    assert list(s["longest_gaps_ms"])[2] == " 3. managers/scheduler.py(10): run_batch"
 
 
 def test_gpu_time_is_summed_per_named_span_at_any_depth():

@@ -13,6 +13,7 @@ import http.client
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -100,8 +101,14 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
         return e.code, b""
 
 
+_CATEGORY = re.compile(r'category="([^"]*)"')
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text format -> {metric name: value summed over label sets}."""
+    """Prometheus text format -> {metric name: value summed over label sets}.
+
+    A series labelled with a `category` (SGLang's GPU time per forward mode, with
+    SGLANG_ENABLE_METRICS_DEVICE_TIMER=1) is also kept per category, as `name{category}`."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -114,6 +121,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         name = head.split("{", 1)[0].strip()
         out[name] = out.get(name, 0.0) + v
+        if (category := _CATEGORY.search(head)) is not None:
+            key = f"{name}{{{category.group(1)}}}"
+            out[key] = out.get(key, 0.0) + v
     return out
 
 

@@ -73,14 +73,17 @@ def _to_cpu(fn, *, on_device_only: bool = False):
     return wrapper
 
 
-def _writer(folder: Path) -> None:
+def write_counts(folder: str | os.PathLike, snapshot, thread_name: str = "dynspec-sync-census") -> None:
+    """Write snapshot() to <folder>/<pid>.json ({"argv", "counts"}) about once a second while it
+    changes, and at exit; read() sums what every process wrote."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}.json"
     last = None
 
     def flush():
         nonlocal last
-        with _lock:
-            snap = dict(_counts)
+        snap = snapshot()
         if snap != last:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"argv": sys.argv[:3], "counts": snap}))
@@ -92,8 +95,13 @@ def _writer(folder: Path) -> None:
             threading.Event().wait(1.0)
             flush()
 
-    threading.Thread(target=loop, name="dynspec-sync-census", daemon=True).start()
+    threading.Thread(target=loop, name=thread_name, daemon=True).start()
     atexit.register(flush)
+
+
+def _snapshot() -> dict:
+    with _lock:
+        return dict(_counts)
 
 
 def install(folder: str | os.PathLike) -> None:
@@ -112,9 +120,7 @@ def install(folder: str | os.PathLike) -> None:
                 event.synchronize = _counted(f"{mod}.Event.synchronize", event.synchronize)
             except TypeError:  # a C type that refuses new attributes: not counted, said so
                 _counts[f"(not counted: {mod}.Event.synchronize)"] = 0
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    _writer(folder)
+    write_counts(folder, _snapshot)
 
 
 def read(folder: str | os.PathLike) -> collections.Counter:

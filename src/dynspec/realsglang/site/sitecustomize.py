@@ -10,3 +10,7 @@ if os.environ.get("DYNSPEC_SYNC_CENSUS"):  # a diagnostic: benchmarks/sync_censu
     from dynspec.realsglang import census
 
     census.install(os.environ["DYNSPEC_SYNC_CENSUS"])
+if os.environ.get("DYNSPEC_HOST_TIMES"):  # a diagnostic: benchmarks/sync_census.py --host-times
+    from dynspec.realsglang import hosttime
+
+    hosttime.install(os.environ["DYNSPEC_HOST_TIMES"])
