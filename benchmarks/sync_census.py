@@ -69,12 +69,21 @@ def print_host_times(args, rates: dict, wall: dict) -> int:
     for k in names:
         (cp, tp), (cn, tn) = rates["plain"].get(k, zero), rates["patched-never"].get(k, zero)
         print(f"{cp:6.2f} {cn:6.2f} {tp:9.3f} {tn:9.3f} {tn - tp:+7.3f}  {k}")
-    ms = {a: 1000 * wall[a] / (args.requests * args.tokens) for a in wall}
+    ms = ms_per_token(args, wall)
     print(f"wall ms per output token: plain {ms['plain']:.4f}, never {ms['patched-never']:.4f} "
           f"(never / plain = {ms['patched-never'] / ms['plain']:.3f})")
+    return write_out(args, {"host_ms_per_step": rates, "ms_per_token": ms})
+
+
+def ms_per_token(args, wall: dict) -> dict:
+    """Wall milliseconds per output token of each arm's load (prefills included)."""
+    return {a: 1000 * wall[a] / (args.requests * args.tokens) for a in wall}
+
+
+def write_out(args, summary: dict) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"host_ms_per_step": rates, "ms_per_token": ms}, indent=1))
+        Path(args.out).write_text(json.dumps(summary, indent=1, sort_keys=True))
     return 0
 
 
@@ -173,13 +182,10 @@ def main() -> int:
     print(f"{total['plain']:7.2f} {total['patched-never']:7.2f}  all sites")
     # Wall time per output token (prefills included, census wrappers included in both unless
     # --no-census): with tiny models most of a step is the server's own CPU work.
-    ms = {a: 1000 * wall[a] / (args.requests * args.tokens) for a in wall}
+    ms = ms_per_token(args, wall)
     print(f"{ms['plain']:7.2f} {ms['patched-never']:7.2f}  ms per output token "
           f"(patched-never / plain = {ms['patched-never'] / ms['plain']:.2f})")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"per_step": rates, "ms_per_token": ms}, indent=1, sort_keys=True))
-    return 0
+    return write_out(args, {"per_step": rates, "ms_per_token": ms})
 
 
 if __name__ == "__main__":

@@ -68,6 +68,13 @@ def _log_x(ax, levels: pd.Series) -> None:
     ax.set_xlabel("concurrency (clients, log scale)")
 
 
+def _concurrency_axes(ax, levels: pd.Series, ylabel: str, title: str) -> None:
+    """A panel over the concurrency levels: the log x axis, its y label and its title."""
+    _log_x(ax, levels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+
+
 def _arm_lines(sns, ax, data: pd.DataFrame, y: str, levels: pd.DataFrame, **kw) -> None:
     """One line per arm in its colour; runs told apart by line style when there are several."""
     order = [a for a in arm_order(levels) if a in set(data["arm"])]
@@ -113,9 +120,7 @@ def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = Non
                 ax.annotate("~", (p["concurrency"], p["output_throughput"]), textcoords="offset points",
                             xytext=(7, 5))
         xs = pd.concat([xs, reference["concurrency"]])
-    _log_x(ax, xs)
-    ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title("Output throughput vs concurrency")
+    _concurrency_axes(ax, xs, "output throughput (tok/s)", "Output throughput vs concurrency")
     _legend_below(fig, ax)
     return fig
 
@@ -126,9 +131,8 @@ def speedup_figure(levels: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(10, 4.2))
     _arm_lines(sns, ax, sp, "speedup", levels)
     ax.axhline(1.0, color="0.3", linewidth=1)
-    _log_x(ax, sp["concurrency"])
-    ax.set_ylabel("output throughput / baseline")
-    ax.set_title("Speedup over the baseline (above 1: speculation pays)")
+    _concurrency_axes(ax, sp["concurrency"], "output throughput / baseline",
+                      "Speedup over the baseline (above 1: speculation pays)")
     _legend_below(fig, ax)
     return fig
 
@@ -141,14 +145,10 @@ def envelope_figure(levels: pd.DataFrame):
     e = env.drop_duplicates(["run_id", "concurrency"]).sort_values("concurrency")
     a1.fill_between(e["concurrency"], 0, e["envelope"], color="0.88", label="envelope")
     _arm_lines(sns, a1, env, "output_throughput", levels, legend=False)
-    _log_x(a1, env["concurrency"])
-    a1.set_ylabel("output throughput (tok/s)")
-    a1.set_title("Arms against the envelope (grey)")
+    _concurrency_axes(a1, env["concurrency"], "output throughput (tok/s)", "Arms against the envelope (grey)")
     _arm_lines(sns, a2, env, "of_envelope", levels)
     a2.axhline(1.0, color="0.3", linewidth=1)
-    _log_x(a2, env["concurrency"])
-    a2.set_ylabel("share of envelope")
-    a2.set_title("How close each arm comes to the envelope")
+    _concurrency_axes(a2, env["concurrency"], "share of envelope", "How close each arm comes to the envelope")
     _legend_below(fig, a2)
     return fig
 
@@ -172,10 +172,9 @@ def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
         sns.lineplot(data=long[long["metric"] == metric], x="concurrency", y="ms", hue="arm", hue_order=order,
                      palette=palette(levels), style="percentile", style_order=stats, markers=True,
                      ax=ax, legend=metric == "TPOT")
-        _log_x(ax, long["concurrency"])
         ax.set_yscale("log")
-        ax.set_ylabel(f"{metric} (ms, log scale)")
-        ax.set_title(f"{metric}: {', '.join(stats)} (one line style each)")
+        _concurrency_axes(ax, long["concurrency"], f"{metric} (ms, log scale)",
+                          f"{metric}: {', '.join(stats)} (one line style each)")
     _legend_below(fig, axes[1])
     return fig
 
