@@ -588,27 +588,42 @@ def _require(st: Status) -> PatchSet:
     return st.patchset
 
 
-def _begin(target: Target, dry_run: bool, root: Path | None) -> tuple[str, Status]:
-    """Before apply or revert: the backup folder must be real, an interrupted operation is finished."""
+@dataclass
+class _Start:
+    """Where apply or revert starts from."""
+
+    note: str  # what recovering an interrupted operation did ("" if nothing)
+    ps: PatchSet
+    where: str  # "sglang <version> at <package>", for messages
+    files: dict[str, bytes]  # the patched-over files as they are now
+    done: Outcome | None  # the tree is already where the operation would take it
+
+
+def _start(target: Target, dry_run: bool, root: Path | None, goal: str, already: str, nothing: str) -> _Start:
+    """Before apply or revert: the backup folder must be real, an interrupted operation is
+    finished, foreign-modified files are refused, and a tree already in `goal` is done."""
     _check_no_links(target.root, [target.backup])
     if dry_run:
         st = status(target, root)
         if st.state == INTERRUPTED:
             raise Refusal(f"{st.detail} (a dry run changes nothing)")
-        return "", st
-    note = recover(target, root)
-    return note, status(target, root)
+        note = ""
+    else:
+        note = recover(target, root)
+        st = status(target, root)
+    ps = _require(st)
+    where = f"sglang {ps.version} at {target.pkg}"
+    if st.state == FOREIGN:
+        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
+    done = Outcome(EXIT_OK, f"{note}{already}: {where}" + ("" if note else f"; {nothing}")) if st.state == goal else None
+    return _Start(note, ps, where, {rel: data for rel, data in st.current.items() if data is not None}, done)
 
 
 def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
-    note, st = _begin(target, dry_run, root)
-    ps = _require(st)
-    where = f"sglang {ps.version} at {target.pkg}"
-    if st.state == PATCHED:
-        return Outcome(EXIT_OK, f"{note}already patched: {where}" + ("" if note else "; nothing changed"))
-    if st.state == FOREIGN:
-        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
-    originals = {rel: data for rel, data in st.current.items() if data is not None}
+    start = _start(target, dry_run, root, PATCHED, "already patched", "nothing changed")
+    if start.done is not None:
+        return start.done
+    note, ps, where, originals = start.note, start.ps, start.where, start.files
     try:
         patched = render(ps, originals)
     except PatchApplyError as exc:
@@ -664,14 +679,10 @@ def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> 
 
 
 def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
-    note, st = _begin(target, dry_run, root)
-    ps = _require(st)
-    where = f"sglang {ps.version} at {target.pkg}"
-    if st.state == UNPATCHED:
-        return Outcome(EXIT_OK, f"{note}not patched: {where}" + ("" if note else "; nothing to revert"))
-    if st.state == FOREIGN:
-        raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
-    current = {rel: data for rel, data in st.current.items() if data is not None}
+    start = _start(target, dry_run, root, UNPATCHED, "not patched", "nothing to revert")
+    if start.done is not None:
+        return start.done
+    note, ps, where, current = start.note, start.ps, start.where, start.files
     upstream = _upstream_bytes(target, ps, current)
     if dry_run:
         return Outcome(EXIT_OK, f"would revert {where}: {len(upstream)} files ({', '.join(sorted(upstream))})")
