@@ -113,6 +113,7 @@ def test_a_second_run_is_refused_unless_resumed_or_overwritten(pub, tmp_path):
     assert sorted(p.name for p in pub.runs.iterdir()) == before
 
 
+@pytest.mark.slow  # every notebook end to end, a kernel each: `make test` runs it
 def test_emulate_backend_runs_through_the_notebook_over_loopback_http(tmp_path):
     # The sweep's HTTP clients run their own asyncio loop inside a kernel that has one.
     proc = run_pipeline("--config", str(ROOT / "configs" / "ci-tiny.yaml"), "--backend", "emulate",
@@ -278,6 +279,7 @@ def test_notebook_is_paired_thin_and_committed_without_outputs(name):
     assert sum(len(c.source.splitlines()) for c in code) <= 60
 
 
+@pytest.mark.slow  # every notebook end to end, a kernel each: `make test` runs it
 def test_each_notebook_runs_with_its_default_parameters(tmp_path):
     """As in JupyterLab: the notebook's own kernel, cwd notebooks/, no parameters given but the
     runs folder (so that the test writes nothing into the checkout)."""
