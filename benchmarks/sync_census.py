@@ -17,7 +17,8 @@ beside --out: where the CPU waits, and what the GPU does between the target's gr
 profile started S seconds in, so the trace holds prefills that interrupt (or follow) a batch of C;
 `--no-census` leaves the call counters out of the servers, so their CPU time is the server's own.
 `--host-times` times the scheduler's host functions instead of counting calls (per decode step,
-ms and calls, dynspec.realsglang.hosttime): how long the CPU works on a step without a profiler.
+ms and calls, and calls by duration, dynspec.realsglang.hosttime): how long the CPU works on a step
+without a profiler; `--device-timer` (GPU) adds each forward's GPU time the same way.
 """
 
 from __future__ import annotations
@@ -63,12 +64,23 @@ def print_host_times(args, rates: dict, wall: dict) -> int:
     print(f"host time per decode step, concurrency {args.concurrency}, {args.requests} requests x "
           f"{args.tokens} tokens (inclusive: a function's time holds its callees' and its waits)")
     print(f"{'calls':>13s} {'ms plain':>9s} {'ms never':>9s} {'diff':>7s}  function")
-    zero = (0.0, 0.0)
+    zero = (0.0, 0.0, [0.0] * (len(hosttime.BUCKETS_MS) + 1))
     names = sorted(set(rates["plain"]) | set(rates["patched-never"]),
                    key=lambda k: -(rates["patched-never"].get(k, zero)[1] - rates["plain"].get(k, zero)[1]))
     for k in names:
-        (cp, tp), (cn, tn) = rates["plain"].get(k, zero), rates["patched-never"].get(k, zero)
+        (cp, tp, _), (cn, tn, _) = rates["plain"].get(k, zero), rates["patched-never"].get(k, zero)
         print(f"{cp:6.2f} {cn:6.2f} {tp:9.3f} {tn:9.3f} {tn - tp:+7.3f}  {k}")
+    # Where a difference sits: a few long calls, or many slightly longer ones.  The GPU time of
+    # each forward (with --device-timer) and the eight functions whose host time differs most.
+    edges = ["<=" + f"{e:g}" for e in hosttime.BUCKETS_MS] + [f">{hosttime.BUCKETS_MS[-1]:g}"]
+    shown = [k for k in names if k.startswith("gpu ")] + \
+        sorted((k for k in names if not k.startswith("gpu ")),
+               key=lambda k: -abs(rates["patched-never"].get(k, zero)[1] - rates["plain"].get(k, zero)[1]))[:8]
+    print(f"\n  {'':>13s} {'calls per 1000 decode steps, by ms':40s}" + "  ".join(f"{e:>7s}" for e in edges))
+    for k in shown:
+        for arm in ("plain", "patched-never"):
+            bins = rates[arm].get(k, zero)[2]
+            print(f"  {arm:>13s} {k[:40]:40s}" + "  ".join(f"{b:7.1f}" for b in bins))
     ms = ms_per_token(args, wall)
     print(f"wall ms per output token: plain {ms['plain']:.4f}, never {ms['patched-never']:.4f} "
           f"(never / plain = {ms['patched-never'] / ms['plain']:.3f})")
@@ -101,6 +113,8 @@ def main() -> int:
     ap.add_argument("--no-census", action="store_true", help="no call counters in the servers (trace only)")
     ap.add_argument("--host-times", action="store_true",
                     help="time the scheduler's host functions (dynspec.realsglang.hosttime) instead of the census")
+    ap.add_argument("--device-timer", action="store_true",
+                    help="with --gpu: SGLang's device timer on, each forward's GPU time in the host times too")
     ap.add_argument("--prompt-len", type=int, default=0,
                     help="random prompts of this many tokens (default: the tiny models' short prompts); "
                          "with --profile-steps, the trace then holds each prompt's prefill too")
@@ -115,10 +129,15 @@ def main() -> int:
     if args.gpu:
         bs = str(max(8, args.concurrency))
         extra += ["--mem-fraction-static", "0.4", "--cuda-graph-max-bs", bs, "--max-running-requests", bs]
+    if args.device_timer:  # CUDA events around every forward: a GPU only
+        extra += ["--enable-metrics"]
     traces = Path(args.out).parent / "traces" if args.out else tmp / "traces"
     folders = {"plain": tmp / "census-plain", "patched-never": tmp / "census-never"}
     variable = "DYNSPEC_HOST_TIMES" if args.host_times else "DYNSPEC_SYNC_CENSUS"
     counters = {n: {} if args.no_census else {variable: str(f)} for n, f in folders.items()}
+    for env in counters.values():
+        if args.device_timer:
+            env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] = "1"
     read = hosttime.read if args.host_times else census.read
     arms = [Arm("plain", speculative=False, env=counters["plain"]),
             Arm("patched-never", patched=True, policy="never", env=counters["patched-never"])]
@@ -161,9 +180,12 @@ def main() -> int:
             after = read(folders[name])
             # Decode steps: exact at concurrency 1; at C > 1, output tokens / C (a full batch's).
             steps = args.requests * (args.tokens - 1) / args.concurrency
-            if args.host_times:
-                rates[name] = {k: ((c - before.get(k, (0, 0.0))[0]) / steps,
-                                   1000 * (t - before.get(k, (0, 0.0))[1]) / steps) for k, (c, t) in after.items()}
+            if args.host_times:  # per decode step: calls, ms, and calls per duration bucket x 1000
+                rates[name] = {}
+                for k, (c, t, bins) in after.items():
+                    c0, t0, bins0 = before.get(k, (0, 0.0, (0,) * len(bins)))
+                    rates[name][k] = ((c - c0) / steps, 1000 * (t - t0) / steps,
+                                      [1000 * (b - b0) / steps for b, b0 in zip(bins, bins0)])
             else:
                 rates[name] = {k: (after[k] - before.get(k, 0)) / steps for k in after if after[k] != before.get(k, 0)}
     if args.host_times:

@@ -47,6 +47,34 @@ def test_a_wrapped_method_counts_calls_and_seconds_and_keeps_its_kind(fresh_tota
     assert snap["Worker.step"][0] == 2 and 0.02 <= snap["Worker.step"][1] < 1.0
     assert snap["Worker.make"][0] == 1 and snap["Worker.fails"][0] == 1
     assert "Worker.absent" not in snap
+    # Each 10 ms call lands in the (3, 10] or (10, 30] ms bucket, never in a short one.
+    step_bins = snap["Worker.step"][2]
+    assert sum(step_bins) == 2 and sum(step_bins[4:6]) == 2
+
+
+def test_the_device_timers_reports_become_gpu_time_per_forward_mode(fresh_totals):
+    """SGLang's device timer calls increment_gpu_execution_seconds(t=..., category=...) once per
+    forward: each lands in "gpu <category>" with its duration bucket, and still reaches SGLang."""
+    seen = []
+
+    class Collector:
+        def increment_gpu_execution_seconds(self, category, t, dp_cooperation_info):
+            seen.append((category, t))
+
+    module = type(sys)("fake_collector")
+    module.SchedulerMetricsCollector = Collector
+    module.__name__ = hosttime.GPU_REPORTER[0]
+    hosttime._wrap_module(module)
+    c = Collector()
+    c.increment_gpu_execution_seconds(t=0.012, category="forward_decode", dp_cooperation_info=None)
+    c.increment_gpu_execution_seconds(t=0.150, category="forward_extend", dp_cooperation_info=None)
+    c.increment_gpu_execution_seconds("forward_decode", 0.002, None)
+    assert seen == [("forward_decode", 0.012), ("forward_extend", 0.150), ("forward_decode", 0.002)]
+    snap = hosttime.snapshot()
+    calls, seconds, bins = snap["gpu forward_decode"]
+    assert calls == 2 and seconds == pytest.approx(0.014)
+    assert bins[3] == 1 and bins[5] == 1  # 2 ms in (1, 3], 12 ms in (10, 30]
+    assert snap["gpu forward_extend"][2][-1] == 1  # 150 ms: longer than the last edge
 
 
 def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkeypatch, fresh_totals):
@@ -86,10 +114,15 @@ def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkey
 
 
 def test_read_sums_every_process_and_skips_a_torn_file(tmp_path):
-    (tmp_path / "1.json").write_text(json.dumps({"counts": {"A.f": [2, 0.5], "B.g": [1, 0.25]}}))
-    (tmp_path / "2.json").write_text(json.dumps({"counts": {"A.f": [3, 1.0]}}))
+    n = len(hosttime.BUCKETS_MS) + 1
+    one = [0] * n
+    one[2] = 2
+    (tmp_path / "1.json").write_text(json.dumps({"counts": {"A.f": [2, 0.5, one], "B.g": [1, 0.25, [1] + [0] * (n - 1)]}}))
+    (tmp_path / "2.json").write_text(json.dumps({"counts": {"A.f": [3, 1.0]}}))  # written before the buckets
     (tmp_path / "3.json").write_text('{"counts": {"A.f": [1,')  # a process that never wrote whole
-    assert hosttime.read(tmp_path) == {"A.f": (5, 1.5), "B.g": (1, 0.25)}
+    (tmp_path / "4.json").write_text(json.dumps({"counts": {"B.g": [1, 1.0, [1]], "A.f": [9, 9.0]}}))  # bad: all of it skipped
+    total = hosttime.read(tmp_path)
+    assert total["A.f"] == (5, 1.5, tuple(one)) and total["B.g"] == (1, 0.25, (1,) + (0,) * (n - 1))
 
 
 def _split_module():

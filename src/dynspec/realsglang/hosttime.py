@@ -5,17 +5,20 @@ finish, a prefill to merge), runs as fast as its scheduler's CPU: the GPU waits 
 launch.  A torch profiler trace shows those waits but, recording every Python call, slows the
 CPU several times over, so it cannot say how long the host work takes without it.  This wraps
 a fixed list of SGLang's scheduler and worker methods (and `Event.synchronize`, the host's
-waits for the GPU) with a perf_counter each: calls and seconds per function, inclusive, at
-about a microsecond per call.
+waits for the GPU) with a perf_counter each: calls, seconds and a histogram of call durations per
+function, inclusive, at about a microsecond per call.  With SGLang's device timer on
+(SGLANG_ENABLE_METRICS_DEVICE_TIMER=1, --enable-metrics) each forward's GPU time is recorded the
+same way, as "gpu forward_<mode>": a few long steps are told apart from many slightly longer ones.
 
 Enabled by DYNSPEC_HOST_TIMES=<folder> in a server started by dynspec.realsglang: the wrappers
 go on as each SGLang module is imported (compat's post-import hooks), and every process writes <folder>/<pid>.json
-({"Class.method": [calls, seconds]}) about once a second.  `benchmarks/sync_census.py
+({"Class.method": [calls, seconds, [calls per duration bucket]]}) about once a second.  `benchmarks/sync_census.py
 --host-times` runs a plain and a patched server under the same load and prints both.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 import sys
@@ -50,12 +53,28 @@ TIMED = {
     "sglang.srt.model_executor.cuda_graph_runner": ["CudaGraphRunner.replay"],
 }
 
+# SGLang's device timer reports each forward's GPU seconds here (category="forward_<mode>").
+GPU_REPORTER = ("sglang.srt.metrics.collector", "SchedulerMetricsCollector", "increment_gpu_execution_seconds")
+# Upper edges (ms) of the duration buckets; the last bucket is everything longer.
+BUCKETS_MS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
 _totals: dict[str, list] = {}
 _lock = threading.Lock()
 
 
+def _slot(name: str) -> list:
+    return _totals.setdefault(name, [0, 0.0, [0] * (len(BUCKETS_MS) + 1)])
+
+
+def _record(slot: list, seconds: float) -> None:
+    with _lock:
+        slot[0] += 1
+        slot[1] += seconds
+        slot[2][bisect.bisect_left(BUCKETS_MS, seconds * 1000.0)] += 1
+
+
 def _timed(name: str, fn):
-    slot = _totals.setdefault(name, [0, 0.0])
+    slot = _slot(name)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -63,10 +82,18 @@ def _timed(name: str, fn):
         try:
             return fn(*args, **kwargs)
         finally:
-            dt = time.perf_counter() - t0
-            with _lock:
-                slot[0] += 1
-                slot[1] += dt
+            _record(slot, time.perf_counter() - t0)
+    return wrapper
+
+
+def _gpu_seconds(fn):
+    """The device timer's reporter, recording each forward's GPU time under its mode first."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        category = kwargs.get("category", args[0] if args else "?")
+        seconds = kwargs.get("t", args[1] if len(args) > 1 else 0.0)
+        _record(_slot(f"gpu {category}"), float(seconds))
+        return fn(self, *args, **kwargs)
     return wrapper
 
 
@@ -88,11 +115,15 @@ def _wrap_module(module) -> None:
         cls = getattr(module, cls_name, None)
         if cls is not None:
             wrap(cls, attr, dotted)
+    if module.__name__ == GPU_REPORTER[0]:
+        cls = getattr(module, GPU_REPORTER[1], None)
+        if cls is not None and GPU_REPORTER[2] in cls.__dict__:
+            setattr(cls, GPU_REPORTER[2], _gpu_seconds(cls.__dict__[GPU_REPORTER[2]]))
 
 
 def snapshot() -> dict:
     with _lock:
-        return {k: list(v) for k, v in _totals.items() if v[0]}
+        return {k: [v[0], v[1], list(v[2])] for k, v in _totals.items() if v[0]}
 
 
 def install(folder: str | os.PathLike) -> None:
@@ -105,7 +136,7 @@ def install(folder: str | os.PathLike) -> None:
                 wrap(event, "synchronize", f"{mod}.Event.synchronize")
             except TypeError:  # a C type that refuses new attributes: not timed
                 pass
-    for name in TIMED:  # after compat's own hooks on the same modules (sitecustomize ran those first)
+    for name in (*TIMED, GPU_REPORTER[0]):  # after compat's own hooks (sitecustomize ran those first)
         if name in sys.modules:
             _wrap_module(sys.modules[name])
         else:
@@ -113,18 +144,24 @@ def install(folder: str | os.PathLike) -> None:
     write_counts(folder, snapshot, thread_name="dynspec-host-times")
 
 
-def read(folder: str | os.PathLike) -> dict[str, tuple[int, float]]:
-    """Every process's (calls, seconds) in a folder, summed by function."""
+def read(folder: str | os.PathLike) -> dict[str, tuple[int, float, tuple[int, ...]]]:
+    """Every process's (calls, seconds, calls per duration bucket) in a folder, summed by function."""
     import json
     from pathlib import Path
 
-    total: dict[str, tuple[int, float]] = {}
+    empty = (0,) * (len(BUCKETS_MS) + 1)
+    total: dict[str, tuple[int, float, tuple[int, ...]]] = {}
     for f in Path(folder).glob("*.json"):
         try:
             counts = json.loads(f.read_text())["counts"]
-            for name, (calls, seconds) in counts.items():
-                c, s = total.get(name, (0, 0.0))
-                total[name] = (c + int(calls), s + float(seconds))
+            merged = dict(total)
+            for name, (calls, seconds, *hist) in counts.items():
+                bins = tuple(int(b) for b in hist[0]) if hist else empty
+                if len(bins) != len(empty):
+                    raise ValueError(f"{name}: {len(bins)} buckets")
+                c, s, b = merged.get(name, (0, 0.0, empty))
+                merged[name] = (c + int(calls), s + float(seconds), tuple(x + y for x, y in zip(b, bins)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a process that never wrote whole
+        total = merged
     return total
