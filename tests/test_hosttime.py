@@ -178,3 +178,54 @@ def test_a_run_without_the_device_timer_is_refused_in_one_line(tmp_path, capsys,
     assert gts.main() == 2
     err = capsys.readouterr().err.strip()
     assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in err and "\n" not in err
+
+
+def _wave_module():
+    spec = importlib.util.spec_from_file_location("wave_split", ROOT / "benchmarks" / "wave_split.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
+    """benchmarks/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
+    20 ms pause; the never kind's requests start their first token 5 ms later."""
+    (tmp_path / "requests").mkdir()
+    for name, late in (("plain_c2_r0", 0.0), ("dynspec-never_c2_r0", 0.005)):
+        lines = []
+        for wave in range(3):
+            for k in range(2):
+                start = wave * 1.0 + 0.001 * k
+                itls = [0.03, 0.01, 0.02, 0.01]  # first gap, step, pause, step
+                ttft = 0.1 + late + 0.05 * k
+                lines.append(json.dumps({"start": start, "ttft": ttft, "itls": itls,
+                                         "end": start + ttft + sum(itls)}))
+        with gzip.open(tmp_path / "requests" / f"{name}.jsonl.gz", "wt") as f:
+            f.write("\n".join(lines) + "\n")
+    ws = _wave_module()
+    recs = ws.read_requests(tmp_path / "requests" / "plain_c2_r0.jsonl.gz")
+    assert [len(w) for w in ws.waves(recs, 0.15)] == [2, 2, 2]
+    part = ws.split_level(recs, 0.015)
+    assert part["ttft_ms"] == pytest.approx(125) and part["first_gap_ms"] == pytest.approx(30)
+    assert part["steady_ms"] == pytest.approx(20) and part["pause_ms"] == pytest.approx(20)
+    assert part["step_ms"] == pytest.approx(10)
+    out = tmp_path / "waves.csv"
+    monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path), "--out", str(out)])
+    assert ws.main() == 0
+    rows = out.read_text().splitlines()
+    assert len(rows) == 1 + 2  # the middle wave of each level (first and last are ramps)
+    assert "never" in capsys.readouterr().out
+    by_kind = {w["kind"]: w for w in (dict(zip(rows[0].split(","), r.split(","))) for r in rows[1:])}
+    # From the wave's first send: first token 100 ms (plain) or 105 (never); the last request,
+    # sent 1 ms later with a 150 (155) ms first token, ends 70 ms after it.
+    assert float(by_kind["plain"]["first_token_ms"]) == pytest.approx(100)
+    assert float(by_kind["plain"]["end_ms"]) == pytest.approx(221)
+    assert float(by_kind["never"]["first_token_ms"]) == pytest.approx(105)
+    assert float(by_kind["never"]["last_first_token_ms"]) == pytest.approx(156)
+
+
+def test_a_run_without_request_records_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    ws = _wave_module()
+    monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path)])
+    assert ws.main() == 2
+    assert "no per-request records" in capsys.readouterr().err
