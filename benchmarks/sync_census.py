@@ -119,6 +119,8 @@ def main() -> int:
                     help="random prompts of this many tokens (default: the tiny models' short prompts); "
                          "with --profile-steps, the trace then holds each prompt's prefill too")
     args = ap.parse_args()
+    if args.device_timer and not args.gpu:
+        ap.error("--device-timer needs --gpu (SGLang's device timer records CUDA events)")
     tmp = Path(tempfile.mkdtemp(prefix="dynspec-census-"))
     extra = []
     if args.dummy:

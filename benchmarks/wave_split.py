@@ -14,40 +14,40 @@ them out for size).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-
-def read_requests(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [r for r in (json.loads(line) for line in f if line.strip()) if r.get("itls")]
+from dynspec.live.bench import read_requests
+from dynspec.results import RequestRecord
 
 
-def waves(recs: list[dict], gap_s: float) -> list[list[dict]]:
+def streamed(path: Path) -> list[RequestRecord]:
+    """The level's completed requests that streamed at least two tokens (they have gaps)."""
+    return [r for r in read_requests(path) if r.ok and r.ttft is not None and r.itls]
+
+
+def waves(recs: list[RequestRecord], gap_s: float) -> list[list[RequestRecord]]:
     """Requests grouped by send time: a wave's sends lie within gap_s of its first."""
-    out: list[list[dict]] = []
-    for r in sorted(recs, key=lambda r: r["start"]):
-        if out and r["start"] - out[-1][0]["start"] < gap_s:
+    out: list[list[RequestRecord]] = []
+    for r in sorted(recs, key=lambda r: r.start):
+        if out and r.start - out[-1][0].start < gap_s:
             out[-1].append(r)
         else:
             out.append([r])
     return out
 
 
-def split_level(recs: list[dict], pause_s: float) -> dict:
+def split_level(recs: list[RequestRecord], pause_s: float) -> dict:
     """Mean milliseconds per request in each part of its life."""
     n = len(recs)
-    later = [x for r in recs for x in r["itls"][1:]]
+    later = [x for r in recs for x in r.itls[1:]]
     steady = [x for x in later if x < pause_s]
-    return {"requests": n, "e2e_ms": 1e3 * statistics.mean(r["end"] - r["start"] for r in recs),
-            "ttft_ms": 1e3 * statistics.mean(r["ttft"] for r in recs),
-            "first_gap_ms": 1e3 * statistics.mean(r["itls"][0] for r in recs),
+    return {"requests": n, "e2e_ms": 1e3 * statistics.mean(r.e2e for r in recs),
+            "ttft_ms": 1e3 * statistics.mean(r.ttft for r in recs),
+            "first_gap_ms": 1e3 * statistics.mean(r.itls[0] for r in recs),
             "steady_ms": 1e3 * sum(steady) / n, "pause_ms": 1e3 * (sum(later) - sum(steady)) / n,
             "step_ms": 1e3 * statistics.mean(steady) if steady else float("nan")}
 
@@ -68,7 +68,7 @@ def main() -> int:
     for f in files:
         name = f.name.split(".jsonl")[0]
         kind = "never" if "never" in name else "plain"
-        recs = read_requests(f)
+        recs = streamed(f)
         if not recs:
             continue
         levels.append({"level": name, "kind": kind, **split_level(recs, args.pause_ms / 1e3)})
@@ -77,11 +77,11 @@ def main() -> int:
         for i, w in enumerate(ws[1:-1], 1):  # the first and last waves of a level are ramps
             if len(w) < least:
                 continue
-            s0 = w[0]["start"]
-            firsts = sorted(r["start"] + r["ttft"] - s0 for r in w)
+            s0 = w[0].start
+            firsts = sorted(r.start + r.ttft - s0 for r in w)
             rows.append({"level": name, "kind": kind, "wave": i, "requests": len(w),
                          "first_token_ms": 1e3 * firsts[0], "last_first_token_ms": 1e3 * firsts[-1],
-                         "end_ms": 1e3 * max(r["end"] - s0 for r in w)})
+                         "end_ms": 1e3 * max(r.end - s0 for r in w)})
     pd.set_option("display.width", 160)
     lv = pd.DataFrame(levels)
     print(f"per request, mean ms (pause: gaps of {args.pause_ms:g} ms or more after the first):")

@@ -397,5 +397,9 @@ def write_requests(path: str | Path, requests: Iterable[RequestRecord]) -> Path:
 
 
 def read_requests(path: str | Path) -> list[RequestRecord]:
-    with Path(path).open() as f:
+    """A level's per-request records, as write_requests wrote them (or gzipped: .jsonl.gz)."""
+    import gzip
+
+    path = Path(path)
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         return [RequestRecord(**json.loads(line)) for line in f if line.strip()]

@@ -1,0 +1,120 @@
+"""benchmarks/gpu_time_split.py (a live level's time split by SGLang's device timer) and
+benchmarks/wave_split.py (a closed-loop level split by request and by wave), on made-up runs."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _split_module():
+    spec = importlib.util.spec_from_file_location("gpu_time_split", ROOT / "benchmarks" / "gpu_time_split.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _scrape(path: Path, extend: tuple[float, float], decode: tuple[float, float] | None) -> None:
+    def metrics(i):
+        m = {"sglang:gpu_execution_seconds_total": 0.0}
+        if decode is not None:
+            m["sglang:gpu_execution_seconds_total{forward_extend}"] = extend[i]
+            m["sglang:gpu_execution_seconds_total{forward_decode}"] = decode[i]
+        return m
+    with gzip.open(path, "wt") as f:
+        json.dump({"before": {"metrics": metrics(0)}, "after": {"metrics": metrics(1)}}, f)
+
+
+def test_a_level_splits_into_prefill_decode_and_idle(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    (run / "scrapes").mkdir(parents=True)
+    (run / "results.csv").write_text(
+        "arm,policy,concurrency,repeat,output_throughput,duration_s\n"
+        "plain,none,64,0,100.0,10.0\n"
+        "never,never,64,0,98.0,10.2\n"
+        "old,never,64,1,97.0,10.3\n")
+    _scrape(run / "scrapes" / "plain_c64_r0.json.gz", (1.0, 3.0), (5.0, 12.0))  # 2 s prefill, 7 s decode
+    _scrape(run / "scrapes" / "never_c64_r0.json.gz", (0.0, 2.5), (0.0, 7.1))
+    _scrape(run / "scrapes" / "old_c64_r1.json.gz", (0.0, 1.0), None)  # no device timer: left out
+    gts = _split_module()
+    df = gts.split(run)
+    assert list(df.arm) == ["plain", "never"]
+    plain, never = df.iloc[0], df.iloc[1]
+    assert (plain.prefill_s, plain.decode_s, plain.idle_s) == pytest.approx((2.0, 7.0, 1.0))
+    assert (never.prefill_s, never.decode_s, never.idle_s) == pytest.approx((2.5, 7.1, 0.6))
+    monkeypatch.setattr(sys, "argv", ["gpu_time_split.py", str(run)])
+    assert gts.main() == 0
+    out = capsys.readouterr().out
+    assert "C=64 never - none: wall_s +0.200  prefill_s +0.500  decode_s +0.100  idle_s -0.400" in out
+    assert "tok/s ratio 0.9800" in out
+
+
+def test_a_run_without_the_device_timer_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    (run / "scrapes").mkdir(parents=True)
+    (run / "results.csv").write_text("arm,policy,concurrency,repeat,output_throughput,duration_s\n"
+                                     "plain,none,1,0,100.0,10.0\n")
+    _scrape(run / "scrapes" / "plain_c1_r0.json.gz", (0.0, 1.0), None)
+    gts = _split_module()
+    monkeypatch.setattr(sys, "argv", ["gpu_time_split.py", str(run)])
+    assert gts.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in err and "\n" not in err
+
+
+def _wave_module():
+    spec = importlib.util.spec_from_file_location("wave_split", ROOT / "benchmarks" / "wave_split.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
+    """benchmarks/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
+    20 ms pause; the never kind's requests start their first token 5 ms later."""
+    (tmp_path / "requests").mkdir()
+    for name, late in (("plain_c2_r0", 0.0), ("dynspec-never_c2_r0", 0.005)):
+        lines = []
+        for wave in range(3):
+            for k in range(2):
+                start = wave * 1.0 + 0.001 * k
+                itls = [0.03, 0.01, 0.02, 0.01]  # first gap, step, pause, step
+                ttft = 0.1 + late + 0.05 * k
+                lines.append(json.dumps({"start": start, "ttft": ttft, "itls": itls,
+                                         "end": start + ttft + sum(itls)}))
+        with gzip.open(tmp_path / "requests" / f"{name}.jsonl.gz", "wt") as f:
+            f.write("\n".join(lines) + "\n")
+    ws = _wave_module()
+    recs = ws.streamed(tmp_path / "requests" / "plain_c2_r0.jsonl.gz")  # gzipped, as committed runs keep them
+    assert [len(w) for w in ws.waves(recs, 0.15)] == [2, 2, 2]
+    part = ws.split_level(recs, 0.015)
+    assert part["ttft_ms"] == pytest.approx(125) and part["first_gap_ms"] == pytest.approx(30)
+    assert part["steady_ms"] == pytest.approx(20) and part["pause_ms"] == pytest.approx(20)
+    assert part["step_ms"] == pytest.approx(10)
+    out = tmp_path / "waves.csv"
+    monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path), "--out", str(out)])
+    assert ws.main() == 0
+    rows = out.read_text().splitlines()
+    assert len(rows) == 1 + 2  # the middle wave of each level (first and last are ramps)
+    assert "never" in capsys.readouterr().out
+    by_kind = {w["kind"]: w for w in (dict(zip(rows[0].split(","), r.split(","))) for r in rows[1:])}
+    # From the wave's first send: first token 100 ms (plain) or 105 (never); the last request,
+    # sent 1 ms later with a 150 (155) ms first token, ends 70 ms after it.
+    assert float(by_kind["plain"]["first_token_ms"]) == pytest.approx(100)
+    assert float(by_kind["plain"]["end_ms"]) == pytest.approx(221)
+    assert float(by_kind["never"]["first_token_ms"]) == pytest.approx(105)
+    assert float(by_kind["never"]["last_first_token_ms"]) == pytest.approx(156)
+
+
+def test_a_run_without_request_records_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    ws = _wave_module()
+    monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path)])
+    assert ws.main() == 2
+    assert "no per-request records" in capsys.readouterr().err
