@@ -11,9 +11,11 @@ source scripts/h200_setup.sh
 gpu_clock_log
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml)
-[ -n "${SKIP_IDENTITY:-}" ] || timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
-    --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
-[ -n "${SKIP_IDENTITY:-}" ] || { echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"; }
+if [ -z "${SKIP_IDENTITY:-}" ]; then
+    timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
+        --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
+    echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"
+fi
 gpu_idle; python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
 # A run longer than one call: RESUME_DIR is its folder as the last call brought it back (carried in
 # the working tree); the sweep measures what is missing (SWEEP_S bounds each call).

@@ -470,7 +470,7 @@ def test_resume_and_prefill_flush_the_pending_rows_first(sg, env):
 PREFILL_POOL, PREFIX, EXTEND = [1, 3], [0, 2], [3, 2]  # a fresh prompt and one with a cached prefix
 
 
-def prefill(sg, w, trace):
+def prefill(sg, w, trace, reqs=None):
     """Prefill two requests (5 extend tokens) through the worker; the target is a fake whose aux
     hidden state of token t is t + arange and which samples 50 and 60."""
     ids = torch.tensor([11, 12, 13, 21, 22])
@@ -479,7 +479,7 @@ def prefill(sg, w, trace):
     seq = torch.tensor([p + e for p, e in zip(PREFIX, EXTEND)])
     batch = decode_batch(sg, seq, None, forward_mode=sg.fbi.ForwardMode.EXTEND, input_ids=ids.clone(),
                          req_pool_indices=torch.tensor(PREFILL_POOL), out_cache_loc=loc,
-                         extend_seq_lens=EXTEND, extend_prefix_lens=PREFIX, extend_num_tokens=5)
+                         extend_seq_lens=EXTEND, extend_prefix_lens=PREFIX, extend_num_tokens=5, reqs=reqs)
     hidden = ids[:, None].float() + torch.arange(H_TARGET).float()
     sampled = torch.tensor([50, 60])
 
@@ -527,6 +527,32 @@ def test_a_prefill_in_a_plain_stretch_writes_the_draft_kv_only(sg, env):
     assert same(resume["out_cache_loc"], p.loc[[2, 4]])
     assert same(resume["hidden_in"], 2 * p.hidden[[2, 4], :H_DRAFT])
     assert not w._dynspec_resume_pending and not w._dynspec_stale[torch.tensor(PREFILL_POOL)].any()
+
+
+ASKS_HIDDEN = [SimpleNamespace(return_hidden_states=False), SimpleNamespace(return_hidden_states=True)]
+
+
+@pytest.mark.parametrize("plain_stretch", [True, False], ids=["kv-only", "full-draft-prefill"])
+def test_a_prefill_hands_the_cpu_no_hidden_states_nobody_asked_for(sg, env, monkeypatch, plain_stretch):
+    """The scheduler copies a result's hidden states to the CPU after the forward; EAGLE-3's
+    are 3 x hidden per prompt token (~200 MB for 8192 tokens of Llama-3.1-8B shapes), read only
+    for requests that asked.  The patched server drops them otherwise; upstream keeps them."""
+    monkeypatch.setattr(sg.ew.EagleDraftWorker, "_draft_extend_for_prefill",
+                        lambda self, batch, hidden, ids: "draft-prefill-state", raising=False)
+    monkeypatch.setattr(sg.up.EagleDraftWorker, "_draft_extend_for_prefill",
+                        lambda self, batch, hidden, ids: "draft-prefill-state", raising=False)
+    for reqs, kept in ((None, False), (ASKS_HIDDEN, True)):
+        w, trace = make_worker(sg, sg.ew, env, Scripted([False]), window=8)
+        if plain_stretch:
+            drive(sg, w, 1)
+        res, p = prefill(sg, w, trace, reqs=reqs)
+        assert w.dynspec.stats()["kv_only_prefills"] == int(plain_stretch)
+        assert (res.logits_output.hidden_states is not None) == kept
+        if kept:
+            assert same(res.logits_output.hidden_states, p.hidden)
+    u, utrace = make_worker(sg, sg.up, env)
+    res, p = prefill(sg, u, utrace)
+    assert same(res.logits_output.hidden_states, p.hidden)  # upstream: copied whether asked or not
 
 
 def test_a_prefill_outside_a_plain_stretch_runs_the_full_draft_prefill(sg, env, monkeypatch):
@@ -626,6 +652,10 @@ def test_speculate_takes_the_original_path(sg, env):
     got, want = drive(sg, w, 3), drive(sg, u, 3)
     assert trace.kinds() == utrace.kinds() == ["draft", "verify", "draft_attn_init", "draft_forward"] * 3
     assert_same_runs(got, want, trace, utrace)
+    # Only the hidden states of the verify (3 x hidden per draft token), which nobody asked for
+    # and upstream copies to the CPU every step, are dropped.
+    assert all(r.logits_output.hidden_states is None for _, r in got)
+    assert all(r.logits_output.hidden_states is not None for _, r in want)
 
 
 def test_unset_policy_is_exactly_upstream(sg, env, monkeypatch):
