@@ -4,6 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .whl
+rm -f .whl/*.whl  # exactly the listed wheels: a stale one would travel (64 MiB a call) or clash
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
