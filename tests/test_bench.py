@@ -14,14 +14,22 @@ import math
 import pytest
 from aiohttp import web
 
-from dynspec.live.bench import (Prompt, PromptError, file_prompts, random_prompts, read_requests, run_level_async,
-                           write_requests)
+from dynspec.live.bench import (Prompt, PromptError, file_prompts, output_digest, random_prompts, read_requests,
+                                run_level_async, write_requests)
 from dynspec.results import summarize
 
 # Cumulative token counts of the chunks of one normal request: chunk 2 carries 2 tokens,
 # chunk 3 carries 3 (a speculative step's accepted tokens arrive together).
 CHUNKS = [1, 3, 6, 7]
 GAP = 0.02
+
+
+def greedy_ids(prompt: list[int], n: int, wrong: bool = False) -> list[int]:
+    """The fake server's greedy tokens: a function of the prompt (cumulative, as SGLang streams)."""
+    ids = [(sum(prompt) + 7 * k) % 101 for k in range(n)]
+    if wrong and ids:
+        ids[-1] += 1
+    return ids
 
 
 class FakeServer:
@@ -54,7 +62,8 @@ class FakeServer:
                 if i == len(counts) - 1:
                     meta["finish_reason"] = ({"type": "abort", "message": "evicted"} if mode == "abort"
                                              else {"type": "length", "length": n})
-                chunk = {"text": '"completion_tokens": 999 ' * c, "meta_info": meta}
+                chunk = {"text": '"completion_tokens": 999 ' * c, "meta_info": meta,
+                         "output_ids": greedy_ids(body.get("input_ids", []), c, wrong=mode == "wrong")}
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -269,12 +278,27 @@ def test_file_prompts(tmp_path):
         file_prompts("jsonl", bad, 1, 8)
 
 
+def test_generate_records_a_digest_of_the_greedy_tokens():
+    """Same prompt, same tokens: same digest; another prompt or one wrong token: another."""
+    prompts = random_prompts(4, 8, 5, seed=3)
+    right, wrong = run(FakeServer(), prompts, 2), run(FakeServer(lambda body: "wrong"), prompts, 2)
+    for p, r, w in zip(prompts, right.requests, wrong.requests):
+        assert r.output_digest == output_digest(greedy_ids(list(p.input_ids), 5))
+        assert len(r.output_digest) == 16 and w.output_digest != r.output_digest
+    assert len({r.output_digest for r in right.requests}) == 4
+    # The OpenAI APIs stream text deltas, not ids: no digest rather than a wrong one.
+    res = asyncio.run(with_server(FakeServer(), lambda url: run_level_async(
+        url, prompts[:1], 1, api="openai")))
+    assert res.requests[0].ok and res.requests[0].output_digest == ""
+
+
 def test_request_records_round_trip(tmp_path):
     res = run(FakeServer(), random_prompts(3, 4, 5), 2)
     path = write_requests(tmp_path / "r" / "x.jsonl", res.requests)
     back = read_requests(path)
     assert len(back) == 3 and min(r.start for r in back) == 0.0
     assert [r.output_tokens for r in back] == [5, 5, 5]
+    assert [r.output_digest for r in back] == [r.output_digest for r in res.requests] and back[0].output_digest
     m1, m2 = summarize(res.requests), summarize(back)
     for k in ("output_throughput", "mean_ttft_ms", "p99_itl_ms"):
         assert math.isclose(m1[k], m2[k], rel_tol=1e-9)

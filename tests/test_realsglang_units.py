@@ -134,3 +134,21 @@ def test_the_sync_census_counts_each_waiting_call_at_its_call_site(tmp_path):
     counts = census.read(tmp_path / "c")
     by_line = {k.split(" ")[0].rsplit(":", 1)[1] + " " + k.split(" ")[-1]: v for k, v in counts.items()}
     assert by_line == {"7 tolist": 3, "8 item": 1, "9 __bool__": 1, "10 to(cpu)": 1}, counts
+
+
+def test_serve_site_must_hold_an_sglang_package(tmp_path, capsys, monkeypatch):
+    """`serve --site DIR` serves that unpacked SGLang (the tests' broken copies); a folder without
+    one is a one-line usage error before anything starts."""
+    from dynspec.realsglang.__main__ import main
+
+    monkeypatch.setattr("os.execve", lambda *a: pytest.fail("a server was started"))
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--site", str(tmp_path), "--", "--model-path", "m"])
+    assert exc.value.code == 2 and "no sglang package there" in capsys.readouterr().err
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    seen = {}
+    monkeypatch.setattr("os.execve", lambda exe, argv, env: seen.update(argv=argv, env=env))
+    main(["serve", "--site", str(tmp_path), "--", "--model-path", "m"])
+    assert seen["argv"][1:] == ["-m", "sglang.launch_server", "--model-path", "m"]
+    assert str(tmp_path.resolve()) in seen["env"]["PYTHONPATH"].split(":")

@@ -83,6 +83,9 @@ class RequestRecord:
     itls: list[float] = field(default_factory=list)
     ok: bool = True
     error: str = ""
+    # A digest of the generated token ids where the server streams them (SGLang's /generate): with
+    # greedy sampling, the same prompt must give the same digest on every arm (dynspec.live.identity).
+    output_digest: str = ""
 
     @property
     def e2e(self) -> float:

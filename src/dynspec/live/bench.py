@@ -6,7 +6,9 @@ with --max-concurrency C and an infinite request rate).  Per request it keeps wh
 bench_serving keeps: dispatch and completion times, TTFT, inter-token latencies (a
 chunk carrying k tokens gives k gaps of gap/k) and the output tokens as the server
 counts them (meta_info.completion_tokens / usage.completion_tokens), so no tokenizer
-is needed.  Failed and timed-out requests are recorded as such, never dropped.
+is needed; from /generate also a digest of the generated token ids, so greedy outputs can be
+compared across arms (dynspec.live.identity).  Failed and timed-out requests are recorded as
+such, never dropped.
 
 HTTP is aiohttp's client: one ClientSession per level, the body read with readany() (all
 bytes that have arrived, in one await) and handed to an SSE reader that splits lines
@@ -18,6 +20,7 @@ benchmarks/bench_loadgen.py (docs/GPU_NODE.md, "Load generator").
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -81,6 +84,11 @@ def _payload(api: str, prompt: Prompt, model: str | None) -> dict:
     return body
 
 
+def output_digest(ids: list) -> str:
+    """16 hex digits naming a token-id sequence (two differ only by chance: 2^-64)."""
+    return hashlib.blake2b(json.dumps(ids, separators=(",", ":")).encode(), digest_size=8).hexdigest()
+
+
 def _final_check(api: str, last: bytes, rec: RequestRecord) -> None:
     """Read what only the last chunk says: abort/error, prompt tokens, final token count."""
     try:
@@ -95,6 +103,9 @@ def _final_check(api: str, last: bytes, rec: RequestRecord) -> None:
     if api == "generate":
         meta = obj.get("meta_info") or {}
         rec.input_tokens = int(meta.get("prompt_tokens") or rec.input_tokens)
+        ids = obj.get("output_ids")  # SGLang streams the ids generated so far in every chunk
+        if isinstance(ids, list):
+            rec.output_digest = output_digest(ids)
         fr = meta.get("finish_reason")
         if isinstance(fr, dict) and fr.get("type") == "abort":
             rec.ok, rec.error = False, f"aborted by server: {str(fr.get('message', ''))[:300]}"
