@@ -33,9 +33,7 @@ profile_levels = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256]
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from dynspec.analysis import cache
-from dynspec.analysis import crossover
-from dynspec.analysis import report
+from dynspec.analysis import cache, crossover, report
 from dynspec.paths import from_repo
 
 run_dir, runs_dir, reference = map(from_repo, (run_dir, runs_dir, reference))
@@ -145,6 +143,16 @@ report.speculation_figure(levels);
 
 # %%
 display(report.speculation_table(levels).round(3))
+
+# %% [markdown]
+# ## Same prompts, same tokens
+#
+# Every arm got the same prompts at a level and repeat and was asked for greedy tokens, so arms
+# serving one model should generate the same tokens, prompt by prompt (`dynspec.live.identity`):
+# requests compared with the baseline's and how many differ, per arm over every level.
+
+# %%
+display(*report.identity_section(run))
 
 # %% [markdown]
 # ## The seed's reference

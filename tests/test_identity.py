@@ -62,3 +62,20 @@ def test_nothing_to_compare_and_bad_folders_are_one_line_errors(tmp_path, capsys
     assert "results.csv: no such file" in err and "\n" not in err
     with pytest.raises(identity.IdentityError, match="no arm 'x'"):
         identity.output_mismatches(run, reference="x")
+
+
+def test_the_report_says_which_arms_differ_or_that_none_does(tmp_path):
+    from dynspec.analysis import report
+    from dynspec.results import read_table
+
+    def section(run):
+        return report.identity_section(report.Run(run_dir=run, run_id="t", results=read_table(run / "results.csv")))
+
+    run = make_run(tmp_path / "a", {("baseline", 4): [[1], [2]], ("patched", 4): [[1], [2]], ("broken", 4): [[1], [3]]})
+    text, table = section(run)
+    assert "broken (1 of 2)" in text.data and "patched" not in text.data
+    assert list(table["arm"]) == ["patched", "broken"] and list(table["differ"]) == [0, 1]
+    run = make_run(tmp_path / "b", {("baseline", 4): [[1], [2]], ("patched", 4): [[1], [2]]})
+    assert "same tokens as baseline's (2 requests)" in section(run)[0].data
+    (only,) = section(make_run(tmp_path / "c", {("baseline", 1): [""], ("patched", 1): [""]}))
+    assert "No request of this run carries a digest" in only.data

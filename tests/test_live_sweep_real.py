@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,5 +81,6 @@ def test_live_sweep_and_report_on_real_servers(tmp_path):
     assert rep.returncode == 0, rep.stderr[-2000:]
     html = (tmp_path / "reports/cpu-live/report.html").read_text()
     assert "Measured live" in html and "dynspec-threshold" in html
+    assert re.search(r"tokens differ from baseline\S*s: dynspec-broken \(\d+ of 12\)\.", html)  # the report says so
     summary = json.loads((tmp_path / "reports/cpu-live/summary.json").read_text())
     assert summary["backend"] == "live" and summary["failed_rows"] == 0

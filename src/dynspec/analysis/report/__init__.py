@@ -24,8 +24,8 @@ from __future__ import annotations
 from dynspec.analysis.report.figures import FEW_SPEC_STEPS, envelope_figure, forward_curve_figure, latency_figure, \
     palette, pareto_figure, speculation_figure, speedup_figure, step_cost_figure, throughput_figure
 from dynspec.analysis.report.prose import DYNAMIC_TARGET, banner, banner_html, catch_up_note, findings, \
-    goodput_section, headline, headline_sentence, lockstep_ttft_note, prompt_source, rate_section, \
-    reference_caption, run_details, run_summary, slo_text, status_box, switch_price
+    goodput_section, headline, headline_sentence, identity_section, lockstep_ttft_note, prompt_source, \
+    rate_section, reference_caption, run_details, run_summary, slo_text, status_box, switch_price
 from dynspec.analysis.report.run import DEFAULT_REFERENCE, MEASURED_DIR, REFERENCE_COLUMNS, SEED_LABEL, ReportError, \
     Run, latest_run, list_runs, load_reference, load_run, measured_runs, numeric_metrics, open_run, \
     reference_for, run_percentiles, run_slo
@@ -46,7 +46,7 @@ __all__ = [
     "roles", "speculation_table", "speedup_table", "static_arms", "two_figures", "versus", "wide",
     # prose
     "DYNAMIC_TARGET", "banner", "banner_html", "catch_up_note", "findings", "goodput_section", "headline",
-    "headline_sentence", "lockstep_ttft_note", "prompt_source", "rate_section", "reference_caption",
+    "headline_sentence", "identity_section", "lockstep_ttft_note", "prompt_source", "rate_section", "reference_caption",
     "run_details", "run_summary", "slo_text", "status_box", "switch_price",
     # figures
     "FEW_SPEC_STEPS", "envelope_figure", "forward_curve_figure", "latency_figure", "palette", "pareto_figure",

@@ -39,6 +39,28 @@ def rate_section(run: "Run", percentiles) -> list:
     return [rate_summary(rates, percentiles).round(2)]
 
 
+def identity_section(run: Run) -> list:
+    """Each arm's greedy tokens against the baseline's, prompt by prompt (dynspec.live.identity),
+    summed over levels; or why there is nothing to compare."""
+    from dynspec.live.identity import IdentityError, output_mismatches
+
+    try:
+        table = output_mismatches(run.run_dir)
+    except (IdentityError, OSError, ValueError):
+        table = None
+    if table is None or not table["compared"].any():
+        return [_markdown("*No request of this run carries a digest of its tokens: a simulated run, the "
+                          "`bench_serving` driver or an OpenAI API, or a run made before 2026-12-01.*")]
+    per_arm = table.groupby("arm", sort=False)[["compared", "differ"]].sum().reset_index()
+    differ, ref = int(per_arm["differ"].sum()), table["reference"].iloc[0]
+    if differ:
+        bad = ", ".join(f"{r.arm} ({r.differ} of {r.compared})" for r in per_arm.itertuples() if r.differ)
+        text = f"**Requests whose tokens differ from {ref}'s: {bad}.**"
+    else:
+        text = f"Every compared request generated the same tokens as {ref}'s ({int(per_arm['compared'].sum())} requests)."
+    return [_markdown(text), per_arm]
+
+
 def catch_up_note(profile_name: str) -> str:
     """What a switching arm's plain step costs extra on this profile, as a sentence ("" if nothing)."""
     from dynspec.sim.profile import ProfileError, load_profile
