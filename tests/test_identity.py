@@ -8,8 +8,7 @@ import pytest
 
 from dynspec.live import identity
 from dynspec.live.bench import output_digest, write_requests
-from dynspec.live.config import Level
-from dynspec.live.sweep import level_name
+from dynspec.live.config import Level, level_name
 from dynspec.results import RequestRecord, ResultsWriter
 
 

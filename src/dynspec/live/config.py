@@ -68,6 +68,12 @@ class Level:
         return f"rate{self.rate:g}" + (f"_c{self.concurrency}" if self.concurrency else "")
 
 
+def level_name(arm: str, level: Level | int, repeat: int) -> str:
+    """An arm's level and repeat in file names and log lines: baseline_c8_r0, eagle3_rate2.5_r1."""
+    level = Level(level) if isinstance(level, int) else level
+    return f"{arm}_{level.label}_r{repeat}"
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message is one line naming the file and the key."""
 

@@ -23,8 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from dynspec.live.bench import read_requests
-from dynspec.live.config import Level
-from dynspec.live.sweep import level_name
+from dynspec.live.config import Level, level_name
 from dynspec.results import read_table
 
 

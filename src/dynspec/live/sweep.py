@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.io.atomic import open_append, write_json, write_text
-from dynspec.live.config import ConfigError, Level, SweepConfig, bench_serving_problem, check_live, resolved_yaml, \
-    run_id_problem
+from dynspec.live.config import ConfigError, Level, SweepConfig, bench_serving_problem, check_live, level_name, \
+    resolved_yaml, run_id_problem
 from dynspec.io.jsonl import read_json
 from dynspec.results import ResultsWriter, level_key, make_row, read_rows, summarize
 from dynspec.live.server_info import dynspec_state
@@ -65,11 +65,6 @@ def level_seed(seed: int, level: Level | int, repeat: int) -> int:
     level = Level(level) if isinstance(level, int) else level
     base = seed * 1_000_003 + level.concurrency * 1009 + repeat
     return base if level.closed else base + 7919 * round(level.rate * 1000) + 104_729
-
-
-def level_name(arm: str, level: Level | int, repeat: int) -> str:
-    level = Level(level) if isinstance(level, int) else level
-    return f"{arm}_{level.label}_r{repeat}"
 
 
 def _now() -> str:
