@@ -376,8 +376,8 @@ class Goodput(Policy):
     from a profile when given and are refined by measured times that the ranks agreed on
     (`sync`); a spec step right after plain ones measures the resume, kept apart from the spec
     step time.  Without a profile, a new bucket is decided from a neighbour that clearly knows
-    (directly, or through the bound G(b) <= G(b') b'/b for b < b': a request's share of a step
-    does not grow with the batch), or by trying plain then speculative steps there
+    (directly, or through the bound G(b) <= G(b') b'/b for b < b': a request's share of a spec
+    step does not grow with the batch), or by trying plain then speculative steps there
     (`min_samples` each, or one when decisive).  An acceptance sample weighs as much as the
     steps since the bucket's last one, so the estimate forgets at one pace in either mode.
 
@@ -560,8 +560,9 @@ class Goodput(Policy):
         Speculation's relative cost does not fall as the batch grows (verifying k+1 tokens per
         request turns compute-bound first), so a smaller bucket where it clearly loses says it
         loses here too, and a larger one where it clearly wins says it wins here.  Nor does a
-        request's share of a step grow with the batch (t(b)/b does not rise), so the speedup G
-        at most doubles when the batch halves: G(b) <= G(b') b'/b for b < b'.  A larger bucket
+        request's share of a spec step grow with the batch (t_spec(b)/b does not rise), while a
+        plain step does not get cheaper as it grows, so the speedup G at most doubles when the
+        batch halves: G(b) <= G(b') b'/b for b < b'.  A larger bucket
         where speculation loses by more than that says it loses here, a smaller one where it
         wins by more says it wins here (a level that drains through the buckets would otherwise
         try a speculative step in each, at many plain steps' cost where it loses by 5x).
