@@ -93,12 +93,13 @@ def test_vllm_k0_pays_a_full_draft_forward_on_every_plain_step():
     assert k0.resume_time(32) == 0 and k0.spec_time(32) == p.spec_time(32)
 
 
-@pytest.mark.parametrize("range_ratio, worst", [(1.0, 0.93), (0.5, 0.945)])
+@pytest.mark.parametrize("range_ratio, worst", [(1.0, 0.93), (0.5, 0.975)])
 def test_dynamic_arm_on_a_small_family(range_ratio, worst):
     """Ten members at levels 1, 4, 16, 64 and each one's crossover, at fixed output lengths and at
     lengths drawn in [0.5, 1] x:
     the dynamic arm must stay near the switching server's best mode at every level (simulated on
-    2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied).  A broken policy, e.g.
+    2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied; since the tenth
+    session's changes 0.940 / 0.994 and 0.984 / 0.999).  A broken policy, e.g.
     one that always or never speculates, falls far below on some member: see the control."""
     levels = (1, 4, 16, 64)
     ratios, always = [], []
@@ -130,24 +131,31 @@ def test_varied_output_lengths_lift_the_lockstep_cost_off_speculation():
 
 def test_a_longer_level_amortizes_what_the_policy_learns_once():
     """Member 0:117 at C=32 (varied lengths; plain wins there by 4x per token): the dynamic arm
-    starts from nothing at every level, and its first speculative samples cost about as much as a
-    160-request level's whole loss; at 4 x the requests it is closer to the switching server's
-    best (0.961 -> 0.987 on 2026-12-01).  A run_member that ignores level_scale fails."""
+    starts from nothing at every level, and what it learns once weighs less in a longer level
+    (of the switching server's best, simulated: 0.961 -> 0.987 at 4 x the requests on 2026-12-01
+    before the tenth session; 0.986 -> 0.992 since a draining level borrows its losses through the
+    per-request bound instead of trying a spec step in every bucket).  A run_member that ignores
+    level_scale fails both asserts."""
+    from dynspec.analysis.family import level_requests
+
     m = member(0, 117)
+    assert len(level_requests(m, 32, 0.5, 4)["lengths"]) == 4 * len(level_requests(m, 32, 0.5)["lengths"])
 
     def of_switching(scale):
         rows = run_member(m, arms=("dynamic",), levels=(32,), range_ratio=0.5, level_scale=scale)
         return next(r["of_switching"] for r in rows if r["arm"] == "dynamic" and r["concurrency"] == 32)
 
     short, long = of_switching(1), of_switching(4)
-    assert long > short + 0.01, (short, long)
+    assert long > short + 0.003, (short, long)
 
 
 def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     """Member 0:156 (EAGLE-3 1.10x per step at every batch) at C=1 and 2, varied lengths: with an
     EMA of accepted drafts over about 50 requests (acc_alpha 0.02) an unlucky run turns speculation
     off, only probes sample it after that, and the estimate settles low (0.93 of the switching
-    server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%."""
+    server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%.  Since
+    a probe's sample weighs as much as the steps it stands for (tenth session), 0.02 recovers
+    part of it (0.949 / 0.965 at C = 1 / 2); an EMA over about 20 requests (0.05) still sticks."""
     from dynspec.analysis.family import level_requests
     from dynspec.sim.run import simulate_level
 
@@ -155,7 +163,7 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     for c in (1, 2):
         work = level_requests(m, c, range_ratio=0.5)
         t = {a: simulate_level(m.profile(), a, c, **work)[0]["output_throughput"]
-             for a in ("eagle3", "policy:never", "policy:goodput", "policy:goodput:acc_alpha=0.02")}
+             for a in ("eagle3", "policy:never", "policy:goodput", "policy:goodput:acc_alpha=0.05")}
         best = max(t["eagle3"], t["policy:never"])
         assert t["policy:goodput"] >= 0.97 * best, (c, t)
-        assert t["policy:goodput:acc_alpha=0.02"] < 0.95 * best, (c, t)  # the control: the old default
+        assert t["policy:goodput:acc_alpha=0.05"] < 0.95 * best, (c, t)  # the control: a fast EMA

@@ -374,8 +374,12 @@ class Goodput(Policy):
     tokens per request and, per mode, an estimate of the step time; expected goodput per
     request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain.  Step times start
     from a profile when given and are refined by measured times that the ranks agreed on
-    (`sync`).  Without a profile, a new bucket is decided from a neighbour that clearly knows,
-    or by trying plain then speculative steps there (`min_samples` each, or one when decisive).
+    (`sync`); a spec step right after plain ones measures the resume, kept apart from the spec
+    step time.  Without a profile, a new bucket is decided from a neighbour that clearly knows
+    (directly, or through the bound G(b) <= G(b') b'/b for b < b': a request's share of a spec
+    step does not grow with the batch), or by trying plain then speculative steps there
+    (`min_samples` each, or one when decisive).  An acceptance sample weighs as much as the
+    steps since the bucket's last one, so the estimate forgets at one pace in either mode.
 
     Probes keep the estimates honest: now and then it takes the other mode for one
     step.  A probe's expected cost (output lost, in steps of the current mode) sets
@@ -450,6 +454,7 @@ class Goodput(Policy):
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
+        self._acc_at = [0] * n  # _in_bucket at the last acceptance sample
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
@@ -464,6 +469,7 @@ class Goodput(Policy):
         self._dwell = _Dwell(dwell, True)
         self._step = 0
         self._probing = False
+        self._probe_again = -1  # bucket whose probe from plain takes one more spec step
         self._self_sync = sync is not None  # False once a caller runs the agreements (defer_sync)
         self._buffer_times = sync is not None  # times wait for an agreement instead of counting at once
         self._schedule = self.sync_schedule()
@@ -516,12 +522,16 @@ class Goodput(Policy):
     def decide(self, batch_size: int) -> bool:
         self._step += 1
         b = bucket_of(batch_size)
+        if self._probe_again == b:  # the second step of a probe from plain (below)
+            self._probe_again = -1
+            self._in_bucket[b] += 1
+            return self._take(True, b, probe=True)
         if self._explore and not self._known[b]:
             seen = self.n_seen
             # Plain first: a plain step costs at most the speedup speculation would have given, a
             # speculative one on a losing machine many plain steps; and one of those is enough
             # when it already loses (or wins) decisively.
-            if self._borrow(b) or self._decisive(b):
+            if self._borrow(b, batch_size) or self._decisive(b):
                 self._known[b] = True
             elif seen[0][b] < self.min_samples:
                 return self._take(False, b)
@@ -534,19 +544,30 @@ class Goodput(Policy):
         # probed on every visit.
         self._in_bucket[b] += 1
         if self._in_bucket[b] - self._last_seen[not mode][b] >= self._interval[mode][b]:
+            if not mode and self._seeded[1][b] and (self._gain(b) or 0.0) > 1.0 - self.BORROW:
+                # Every spec step measured here so far was a resumed one, and the resume may
+                # decide a close call: probe for two steps, so that the second shows what a
+                # spec step costs without it.
+                self._probe_again = b
             return self._take(not mode, b, probe=True)
         self._last_seen[mode][b] = self._in_bucket[b]
         self._probing = False
         return mode
 
-    def _borrow(self, b: int) -> bool:
+    def _borrow(self, b: int, batch_size: int) -> bool:
         """Decide a new bucket from a neighbour's evidence instead of trying both modes there.
 
         Speculation's relative cost does not fall as the batch grows (verifying k+1 tokens per
         request turns compute-bound first), so a smaller bucket where it clearly loses says it
-        loses here too, and a larger one where it clearly wins says it wins here.  The bucket
-        starts from that neighbour's step times; its own measurements replace them, and probes
-        check the borrowed mode as anywhere else."""
+        loses here too, and a larger one where it clearly wins says it wins here.  Nor does a
+        request's share of a spec step grow with the batch (t_spec(b)/b does not rise), while a
+        plain step does not get cheaper as it grows, so the speedup G at most doubles when the
+        batch halves: G(b) <= G(b') b'/b for b < b'.  A larger bucket
+        where speculation loses by more than that says it loses here, a smaller one where it
+        wins by more says it wins here (a level that drains through the buckets would otherwise
+        try a speculative step in each, at many plain steps' cost where it loses by 5x).
+        The bucket starts from that neighbour's step times (the spec one scaled by the bound);
+        its own measurements replace them, and probes check the borrowed mode as anywhere else."""
         n, decisive = len(BUCKET_EDGES), self.BORROW
         for nb in range(b - 1, -1, -1):  # the nearest smaller bucket that knows
             if self._known[nb]:
@@ -560,16 +581,32 @@ class Goodput(Policy):
                 if g is not None and g > 1.0 + decisive:
                     return self._seed(b, nb)
                 break
+        # The bound, from the nearest buckets that measured a spec step (a bound applied to a
+        # borrowed bound would double it; a resumed step's time is near enough).
+        for nb in range(b - 1, -1, -1):
+            if self.n_seen[1][nb]:
+                g, low = self._gain(nb), BUCKET_EDGES[nb]  # its estimate holds at batches >= low
+                if g is not None and g * low / batch_size > 1.0 + decisive:
+                    return self._seed(b, nb, batch_size / low)
+                break
+        for nb in range(b + 1, n):
+            if self.n_seen[1][nb]:
+                g = self._gain(nb)
+                high = BUCKET_EDGES[nb + 1] - 1 if nb + 1 < n else BUCKET_EDGES[nb]  # ... <= high
+                if g is not None and g * high / batch_size < 1.0 - decisive:
+                    return self._seed(b, nb, batch_size / high)
+                break
         return False
 
     def _decisive(self, b: int) -> bool:
         g = self._gain(b)
         return g is not None and abs(g - 1.0) > self.BORROW
 
-    def _seed(self, b: int, nb: int) -> bool:
+    def _seed(self, b: int, nb: int, spec_scale: float = 1.0) -> bool:
         for m in (0, 1):
-            if self.n_seen[m][b] == 0 or self.t_est[m][b] is None:
-                self.t_est[m][b] = self.t_est[m][nb]
+            t = self.t_est[m][nb]
+            if t is not None and (self.n_seen[m][b] == 0 or self.t_est[m][b] is None):
+                self.t_est[m][b] = t * spec_scale if m else t
                 self._seeded[m][b] = True
         self._known[b] = True
         self._refresh(b)
@@ -593,6 +630,14 @@ class Goodput(Policy):
             # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
             # 0..num_steps from step to step, so at batch 1 a step says little.
             w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
+            # A sample stands for the steps since the last one in this bucket: a probe from plain
+            # weighs as much as the spec steps it replaced, so the estimate forgets at the same
+            # pace in either mode (else a low run, sampled densely, switches speculation off and
+            # sparse probes take thousands of steps to undo it).
+            gap = self._in_bucket[b] - self._acc_at[b]
+            self._acc_at[b] = self._in_bucket[b]
+            if gap > 1 and w < self.alpha:
+                w = min(self.alpha, 1.0 - (1.0 - w) ** gap)
             prev, g = self.acc_est[b], self.acc_global
             self.n_acc[b] += 1
             self._n_acc_global += 1
@@ -620,12 +665,16 @@ class Goodput(Policy):
 
     def _fold(self, kind: int, b: int, t: float, count: float) -> None:
         """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
-        if kind == 2:  # a resumed spec step: what it cost beyond a spec step is the resume ...
+        if kind == 2:  # a resumed spec step: what it cost beyond a spec step is the resume
             ts = self.t_est[1][b]
             if ts is not None and not self._seeded[1][b]:
                 w = 1.0 - (1.0 - self.alpha) ** count
                 self._t_resume[b] += w * (max(t - ts, 0.0) - self._t_resume[b])
-            kind = 1  # ... and it is a spec step too (probes from plain are all resumed ones)
+                return  # folded into the spec time it would count the resume on every spec step
+            # No steady spec step measured yet: this one stands in for the spec time (an upper
+            # bound), marked as not measured so that the first steady one replaces it.
+            self.t_est[1][b], self._seeded[1][b] = t, True
+            return
         prev, ts = self.t_est[kind][b], self.t_est[1][b]
         # A borrowed time gives way to a measured one, and so does a plain time above the spec
         # one: a state no machine is in (see _times), left by an outlier such as a warm-up step.
@@ -665,7 +714,7 @@ class Goodput(Policy):
     def state_key(self) -> tuple:
         # The discrete state decisions follow (estimates enter through _choice and _interval).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
-                self._last_seen, self._choice, self._interval, self._known, self._seeded)
+                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again)
 
     def estimates(self) -> dict:
         """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
