@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 import yaml
 
 from dynspec.sim.profile import load_profile
@@ -13,15 +13,8 @@ from dynspec.sim.profile import load_profile
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-overhead = _script("plain_step_overhead")
-refit = _script("refit_catch_up")
+overhead = load("plain_step_overhead")
+refit = load("refit_catch_up")
 
 
 def _profile(tmp_path, catchup):

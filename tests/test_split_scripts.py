@@ -4,21 +4,13 @@ benchmarks/wave_split.py (a closed-loop level split by request and by wave), on 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _split_module():
-    spec = importlib.util.spec_from_file_location("gpu_time_split", ROOT / "benchmarks" / "gpu_time_split.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _scrape(path: Path, extend: tuple[float, float], decode: tuple[float, float] | None) -> None:
@@ -43,7 +35,7 @@ def test_a_level_splits_into_prefill_decode_and_idle(tmp_path, capsys, monkeypat
     _scrape(run / "scrapes" / "plain_c64_r0.json.gz", (1.0, 3.0), (5.0, 12.0))  # 2 s prefill, 7 s decode
     _scrape(run / "scrapes" / "never_c64_r0.json.gz", (0.0, 2.5), (0.0, 7.1))
     _scrape(run / "scrapes" / "old_c64_r1.json.gz", (0.0, 1.0), None)  # no device timer: left out
-    gts = _split_module()
+    gts = load("gpu_time_split")
     df = gts.split(run)
     assert list(df.arm) == ["plain", "never"]
     plain, never = df.iloc[0], df.iloc[1]
@@ -62,18 +54,11 @@ def test_a_run_without_the_device_timer_is_refused_in_one_line(tmp_path, capsys,
     (run / "results.csv").write_text("arm,policy,concurrency,repeat,output_throughput,duration_s\n"
                                      "plain,none,1,0,100.0,10.0\n")
     _scrape(run / "scrapes" / "plain_c1_r0.json.gz", (0.0, 1.0), None)
-    gts = _split_module()
+    gts = load("gpu_time_split")
     monkeypatch.setattr(sys, "argv", ["gpu_time_split.py", str(run)])
     assert gts.main() == 2
     err = capsys.readouterr().err.strip()
     assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in err and "\n" not in err
-
-
-def _wave_module():
-    spec = importlib.util.spec_from_file_location("wave_split", ROOT / "benchmarks" / "wave_split.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
@@ -91,7 +76,7 @@ def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, 
                                          "end": start + ttft + sum(itls)}))
         with gzip.open(tmp_path / "requests" / f"{name}.jsonl.gz", "wt") as f:
             f.write("\n".join(lines) + "\n")
-    ws = _wave_module()
+    ws = load("wave_split")
     recs = ws.streamed(tmp_path / "requests" / "plain_c2_r0.jsonl.gz")  # gzipped, as committed runs keep them
     assert [len(w) for w in ws.waves(recs, 0.15)] == [2, 2, 2]
     part = ws.split_level(recs, 0.015)
@@ -114,7 +99,7 @@ def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, 
 
 
 def test_a_run_without_request_records_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    ws = _wave_module()
+    ws = load("wave_split")
     monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path)])
     assert ws.main() == 2
     assert "no per-request records" in capsys.readouterr().err

@@ -4,20 +4,11 @@ from a torch profiler trace.  A synthetic trace of two steps with known gaps and
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("trace_gaps", ROOT / "benchmarks" / "trace_gaps.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def X(cat, name, ts, dur, corr=None, tid=1):
@@ -44,7 +35,7 @@ def two_steps() -> list[dict]:
 
 
 def test_gaps_are_charged_to_the_frame_that_launched_the_kernel_ending_them(tmp_path):
-    tg = _module()
+    tg = load("trace_gaps")
     path = tmp_path / "x.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": two_steps()}, f)
@@ -68,7 +59,7 @@ def test_gaps_are_charged_to_the_frame_that_launched_the_kernel_ending_them(tmp_
 
 
 def test_gpu_time_is_summed_per_named_span_at_any_depth():
-    tg = _module()
+    tg = load("trace_gaps")
     ev = two_steps()
     s = tg.analyse(ev, steps=2, spans=["_dynspec_plain_step", "run_batch", "absent"])
     # the norm is launched inside the plain step (itself inside run_batch); the GEMM in run_batch only
@@ -77,6 +68,6 @@ def test_gpu_time_is_summed_per_named_span_at_any_depth():
 
 
 def test_a_trace_without_gpu_events_is_refused_in_one_line():
-    tg = _module()
+    tg = load("trace_gaps")
     with pytest.raises(SystemExit, match="no GPU events"):
         tg.analyse([X("cpu_op", "aten::add", 0, 5)], steps=1)
