@@ -6,7 +6,8 @@ configs/h200-llama8b-price-timed.yaml): each level's scrapes hold
 `sglang:gpu_execution_seconds_total` per forward mode, timed with CUDA events around every
 forward, so the level's wall time splits into forward_extend + forward_decode + the rest, when
 the GPU had no forward to run (the scheduler late, or no request to serve).  Arms are pooled by
-their policy column (none: a plain server), and the last lines compare each kind with the first.
+kind (their sim_arm in the run's config.yaml: baseline, eagle3, policy:never ...; without one,
+their policy column), and the last lines compare each kind with the first.
     python benchmarks/gpu_time_split.py data/measured/h200-llama8b-price-timed
 """
 
@@ -19,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from dynspec.live.config import arm_kinds
 
 GPU = "sglang:gpu_execution_seconds_total"
 
@@ -33,6 +36,7 @@ def load_scrape(folder: Path, stem: str) -> dict | None:
 
 def split(run: Path) -> pd.DataFrame:
     rows = pd.read_csv(run / "results.csv")
+    kinds = arm_kinds(run)
     out = []
     for r in rows.itertuples():
         scrape = load_scrape(run / "scrapes", f"{r.arm}_c{r.concurrency}_r{r.repeat}")
@@ -43,7 +47,7 @@ def split(run: Path) -> pd.DataFrame:
             continue  # a server without the device timer
         gpu = {m: after.get(f"{GPU}{{forward_{m}}}", 0.0) - before.get(f"{GPU}{{forward_{m}}}", 0.0)
                for m in ("extend", "decode")}
-        out.append({"arm": r.arm, "kind": r.policy, "concurrency": r.concurrency, "repeat": r.repeat,
+        out.append({"arm": r.arm, "kind": kinds.get(r.arm, r.policy), "concurrency": r.concurrency, "repeat": r.repeat,
                     "tok_s": r.output_throughput, "wall_s": r.duration_s, "prefill_s": gpu["extend"],
                     "decode_s": gpu["decode"], "idle_s": r.duration_s - gpu["extend"] - gpu["decode"]})
     return pd.DataFrame(out)

@@ -5,7 +5,8 @@ or two of each other, the next C are sent at once, prefill in a few batches and 
 Per request this splits the time into the time to first token, the first inter-token gap (it
 holds the wave's later prefills), steady decode steps (gaps under --pause-ms) and pauses (longer
 gaps); per wave, the offsets from its first send to its first token, to its last first token and
-to its last request's end.  Arms are pooled by kind (a name with "never" in it, else plain).
+to its last request's end.  Arms are pooled by kind (their sim_arm in the run's config.yaml; without
+one, a name with "never" in it, else plain).
     python benchmarks/wave_split.py data/runs/RUN [--out waves.csv]
 Needs the run's requests/*.jsonl[.gz] (the sweep writes them; the committed H200 runs leave
 them out for size).
@@ -14,6 +15,7 @@ them out for size).
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from dynspec.live.bench import read_requests
+from dynspec.live.config import arm_kinds
 from dynspec.results import RequestRecord
 
 
@@ -64,10 +67,12 @@ def main() -> int:
     if not files:
         print(f"wave_split: no per-request records in {args.run / 'requests'}", file=sys.stderr)
         return 2
+    kinds = arm_kinds(args.run)
     levels, rows = [], []
     for f in files:
         name = f.name.split(".jsonl")[0]
-        kind = "never" if "never" in name else "plain"
+        arm = re.sub(r"_(c\d+|rate[^_]+(_c\d+)?)_r\d+$", "", name)  # level_name's suffix off
+        kind = kinds.get(arm) or ("never" if "never" in name else "plain")
         recs = streamed(f)
         if not recs:
             continue

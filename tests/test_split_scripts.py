@@ -48,6 +48,32 @@ def test_a_level_splits_into_prefill_decode_and_idle(tmp_path, capsys, monkeypat
     assert "tok/s ratio 0.9800" in out
 
 
+def test_servers_of_one_policy_are_told_apart_by_their_kind(tmp_path, capsys, monkeypatch):
+    """Unpatched EAGLE-3 and the patched server told `always` both have policy `always` in the
+    results; the run's config.yaml says which kind each arm is (its sim_arm), and a repeated
+    server (eagle3-2) pools with its kind.  Pooled by the policy column, all four were one kind."""
+    run = tmp_path / "run"
+    (run / "scrapes").mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "arms:\n- {name: eagle3, sim_arm: eagle3}\n- {name: dynspec-always, sim_arm: 'policy:always'}\n"
+        "- {name: eagle3-2, sim_arm: eagle3}\n")
+    (run / "results.csv").write_text(
+        "arm,policy,concurrency,repeat,output_throughput,duration_s\n"
+        "eagle3,always,64,0,100.0,10.0\n"
+        "dynspec-always,always,64,0,104.0,9.6\n"
+        "eagle3-2,always,64,0,102.0,9.8\n")
+    for arm in ("eagle3", "dynspec-always", "eagle3-2"):
+        _scrape(run / "scrapes" / f"{arm}_c64_r0.json.gz", (0.0, 2.0), (0.0, 7.0))
+    gts = load("gpu_time_split")
+    assert list(gts.split(run).kind) == ["eagle3", "policy:always", "eagle3"]
+    monkeypatch.setattr(sys, "argv", ["gpu_time_split.py", str(run)])
+    assert gts.main() == 0
+    out = capsys.readouterr().out
+    # eagle3's two levels: wall 9.9 s, 101 tok/s; always: 9.6 s, 104
+    assert "C=64 policy:always - eagle3: wall_s -0.300  prefill_s +0.000  decode_s +0.000  idle_s -0.300" in out
+    assert f"tok/s ratio {104 / 101:.4f}" in out
+
+
 def test_a_run_without_the_device_timer_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     (run / "scrapes").mkdir(parents=True)

@@ -74,6 +74,19 @@ def level_name(arm: str, level: Level | int, repeat: int) -> str:
     return f"{arm}_{level.label}_r{repeat}"
 
 
+def arm_kinds(run_dir: str | Path) -> dict[str, str]:
+    """Each arm of a run folder's saved config and the kind of server it is (its sim_arm:
+    baseline, eagle3, policy:never ...), so that scripts pool a repeated server (baseline-2) with
+    its kind.  The results' policy column cannot: an unpatched EAGLE-3 server and the patched one
+    told `always` both say always.  Empty when the folder has no readable config."""
+    try:
+        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    arms = data.get("arms") if isinstance(data, dict) else None
+    return {a["name"]: str(a.get("sim_arm", "baseline")) for a in arms or () if isinstance(a, dict) and "name" in a}
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message is one line naming the file and the key."""
 
