@@ -6,8 +6,12 @@ from dynspec.policy import Policy
 class Scripted(Policy):
     name = "scripted"
 
-    def __init__(self, modes):
+    def __init__(self, modes, requests_up_to: int = 0):
         self.modes, self.records = list(modes), []
+        self.requests_up_to, self.batches = requests_up_to, []
+
+    def set_batch(self, requests):
+        self.batches.append(None if requests is None else list(requests))
 
     def decide(self, batch_size):
         return self.modes.pop(0)

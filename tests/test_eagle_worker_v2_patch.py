@@ -762,6 +762,28 @@ def test_output_processor_feeds_the_policy_from_cpu_accept_lengths(sg, env):
     assert (rec_plain.batch_size, rec_plain.speculated, tuple(rec_plain.accepted)) == (3, False, ())
 
 
+def test_the_policy_learns_which_requests_each_step_runs(sg, env):
+    """The decide call passes the batch's requests (ModelWorkerBatch.reqs, host objects: no GPU
+    work) and the output processor the requests its accept lengths belong to, so a policy can
+    keep each request's own acceptance; a batch above the policy's requests_up_to passes None."""
+    rids = [SimpleNamespace(rid=r) for r in ("r0", "r1", "r2")]
+    policy = Scripted([True, False], requests_up_to=8)
+    w, _ = make_worker(sg, sg.ew, env, policy)
+    runs = drive(sg, w, 2, reqs=rids)
+    assert policy.batches == [["r0", "r1", "r2"]] * 2 and w.dynspec.stats()["steps_with_requests"] == 2
+    scheduler = SimpleNamespace(draft_worker=w)
+    for _inp, res in runs:
+        reqs = [SimpleNamespace(rid=r.rid, kv_committed_len=0, spec_verify_ct=0, spec_accepted_tokens=0,
+                                update_spec_acceptance_histogram=lambda n: None) for r in rids]
+        sg.opm.SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids(scheduler, res, SimpleNamespace(reqs=reqs))
+    rec_spec, rec_plain = policy.records
+    assert list(rec_spec.requests) == ["r0", "r1", "r2"] and rec_plain.requests is None  # a plain step has none
+    small = Scripted([True], requests_up_to=2)  # three requests are more than it tracks
+    w, _ = make_worker(sg, sg.ew, env, small)
+    drive(sg, w, 1, reqs=rids)
+    assert small.batches == [None] and w.dynspec.stats()["steps_with_requests"] == 0
+
+
 def test_server_info_reports_the_counters(sg, env):
     w, _ = make_worker(sg, sg.ew, env, Scripted([True, False, False]))
     drive(sg, w, 3)

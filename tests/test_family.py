@@ -99,7 +99,8 @@ def test_dynamic_arm_on_a_small_family(range_ratio, worst):
     lengths drawn in [0.5, 1] x:
     the dynamic arm must stay near the switching server's best mode at every level (simulated on
     2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied; since the tenth
-    session's changes 0.940 / 0.994 and 0.984 / 0.999).  A broken policy, e.g.
+    session's changes 0.940 / 0.994 and 0.984 / 0.999; with the eleventh's, each request's own
+    acceptance and the lead in proportion to the batch, 0.947 / 0.994 and 0.983 / 1.000).  A broken policy, e.g.
     one that always or never speculates, falls far below on some member: see the control."""
     levels = (1, 4, 16, 64)
     ratios, always = [], []
@@ -155,7 +156,8 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     off, only probes sample it after that, and the estimate settles low (0.93 of the switching
     server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%.  Since
     a probe's sample weighs as much as the steps it stands for (tenth session), 0.02 recovers
-    part of it (0.949 / 0.965 at C = 1 / 2); an EMA over about 20 requests (0.05) still sticks."""
+    part of it (0.949 / 0.965 at C = 1 / 2); an EMA over about 20 requests (0.05) still sticks at
+    C=1 (0.936; at C=2 each request's own estimate, eleventh session, lifts it to 0.965)."""
     from dynspec.analysis.family import level_requests
     from dynspec.sim.run import simulate_level
 
@@ -166,4 +168,5 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
              for a in ("eagle3", "policy:never", "policy:goodput", "policy:goodput:acc_alpha=0.05")}
         best = max(t["eagle3"], t["policy:never"])
         assert t["policy:goodput"] >= 0.97 * best, (c, t)
-        assert t["policy:goodput:acc_alpha=0.05"] < 0.95 * best, (c, t)  # the control: a fast EMA
+        if c == 1:
+            assert t["policy:goodput:acc_alpha=0.05"] < 0.95 * best, (c, t)  # the control: a fast EMA

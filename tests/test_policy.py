@@ -418,6 +418,8 @@ BAD_SPECS = [
     ("goodput:margin=nan", "not a finite number"),
     ("goodput:speed=3", "unknown option 'speed'"),
     ("goodput:times=2", "times must be 0 or 1"),
+    ("goodput:lead_batch=0", "lead_batch>=1"),
+    ("goodput:lead_batch=2.5", "lead_batch='2.5' is not an integer"),
     ("goodput:times=0", "needs a profile"),
     ("goodput:profile=/nonexistent/p.yaml", "no such profile file"),
     ("goodput:profile=no-such-profile", "no such profile"),
@@ -499,8 +501,8 @@ def test_goodput_prior_and_probe_costs_include_the_resume():
     # from plain: (ts + r) / tp - (1 + acc) plain steps lost per probe, over the 0.005 budget (int() of it)
     assert 80 - 1 <= Goodput(losing, lead=0)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
     assert 215 - 1 <= Goodput(losing_r, lead=0)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
-    # with the lead, speculation's 2 tokens count as 2 / 1.05: (2.4 - 1.905) / 0.005
-    assert 99 - 1 <= Goodput(losing)._interval[0][b] <= 99
+    # with the lead in full (lead_batch=1), speculation's 2 tokens count as 2 / 1.05: (2.4 - 1.905) / 0.005
+    assert 99 - 1 <= Goodput(losing, lead_batch=1)._interval[0][b] <= 99
     winning, winning_r = _flat_profile(10, 12, 2.5), _flat_profile(10, 12, 2.5, resume=6)
     assert 86 - 1 <= Goodput(winning, lead=0)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
     assert 170 - 1 <= Goodput(winning_r, lead=0)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
@@ -510,8 +512,25 @@ def test_goodput_prior_and_probe_costs_include_the_resume():
     # and a close call the resume tips: without it speculating gains 5%, with it loses
     close, close_r = _flat_profile(10, 19, 2.0), _flat_profile(10, 19, 2.0, resume=16)
     assert Goodput(close, lead=0).decide(8) is True and Goodput(close_r, lead=0).decide(8) is False
-    # a 5% gain is no more than the lead asks: plain
-    assert Goodput(close).decide(8) is False
+    # a 5% gain is no more than the lead asks in full: plain
+    assert Goodput(close, lead_batch=1).decide(8) is False
+
+
+def test_goodput_lead_grows_with_the_batch_up_to_lead_batch():
+    """The lead stands for a prefill's fixed cost per request that speculation's scattered finishes
+    add, so it applies in full from lead_batch requests and in proportion below: a 5% per-step gain
+    is taken at batch 8 but not at 64, where it is no more than the 5% lead asks."""
+    from dynspec.policy import bucket_mid, bucket_of
+
+    close = _flat_profile(10, 19, 2.0)  # 2 tokens per 19 ms against 1 per 10: speculating gains 5.3%
+    small, large = bucket_of(8), bucket_of(64)
+    p = Goodput(close)  # lead 0.05, lead_batch 32 (the defaults)
+    assert p._gain(small) == pytest.approx(2.0 * 10 / 19 / (1 + 0.05 * bucket_mid(small) / 32))
+    assert p._gain(large) == pytest.approx(2.0 * 10 / 19 / 1.05)
+    assert Goodput(close).decide(8) is True and Goodput(close).decide(64) is False
+    # lead_batch=1 is the lead in full at every batch, as before the option existed
+    assert Goodput(close, lead_batch=1).decide(8) is False
+    assert build_policy("goodput:lead_batch=4").lead_batch == 4
 
 
 def test_goodput_decides_a_new_bucket_from_a_neighbour_that_clearly_knows():
@@ -621,3 +640,63 @@ def test_goodput_borrows_a_loss_from_a_larger_bucket_by_the_per_request_bound():
     q = Goodput()
     run(q, mild, [16] * 20)
     assert True in run(q, mild, [4] * 6)  # 0.71 x 23 / 4 > 1: the bound decides nothing
+
+
+def _per_request_run(policy, pattern, steps_each=30, pass_ids=True):
+    """Batch-1 requests, one after another, accepting 3 drafts a step ("good") or 0 ("bad"), on a
+    machine whose spec step costs 2 plain ones: speculating doubles a good request's output and
+    halves a bad one's.  Returns the share of steps speculated during good and during bad requests."""
+    spec = {"good": [0, 0], "bad": [0, 0]}
+    for i, kind in enumerate(pattern):
+        rid = f"req-{i}"
+        for _ in range(steps_each):
+            if pass_ids:
+                policy.set_batch([rid])
+            d = policy.decide(1)
+            spec[kind][0] += d
+            spec[kind][1] += 1
+            acc = (3,) if kind == "good" else (0,)
+            policy.observe(StepRecord(1, d, acc if d else (), 0.020 if d else 0.010, [rid] if pass_ids and d else None))
+    return {k: a / n for k, (a, n) in spec.items() if n}
+
+
+def test_goodput_follows_each_request_of_the_batch():
+    """Told which requests a step runs (SGLang's rids), goodput keeps each one's accepted drafts
+    and, once departed requests show they differ (empirical Bayes: within- against
+    between-request variance), estimates the batch from its own requests: it speculates through
+    good requests and stops within a bad one's life.  By the population's estimate alone (no
+    ids) every request looks the same, so it cannot tell them apart."""
+    machine = _flat_profile(10, 20, 2.5)  # the profile's prior: 1.5 accepted, the population's mean
+    pattern = ["good", "bad"] * 20
+    by_request = _per_request_run(Goodput(machine), pattern)
+    pooled = _per_request_run(Goodput(machine), pattern, pass_ids=False)
+    assert by_request["good"] > 0.9 and by_request["bad"] < 0.3, by_request
+    assert abs(pooled["good"] - pooled["bad"]) < 0.15, pooled  # the control: no ids, no difference
+    # requests that are alike (each draws 0, 3, 1, 2, ... in turn: the same mean, a spread within)
+    # teach no spread between them: the batch's estimate stays the population's
+    alike = Goodput(machine)
+    for i in range(12):
+        for j in range(24):
+            alike.set_batch([f"a{i}"])
+            alike.decide(1)
+            alike.observe(StepRecord(1, True, ((0, 3, 1, 2)[j % 4],), 0.02, [f"a{i}"]))
+    assert alike._var_within > 1 and alike._var_between < 0.01
+    alike.observe(StepRecord(1, True, (3,), 0.02, ["a11"]))  # one lucky step moves the request's own mean
+    assert alike._accepted(0) == pytest.approx(alike._population(0), abs=0.02)
+
+
+def test_goodput_forgets_requests_that_left():
+    p = Goodput()
+    for i in range(200):
+        p.set_batch([f"r{i}", f"r{i + 1}"])
+        p.decide(2)
+        p.observe(StepRecord(2, True, (1, 2), 0.01, [f"r{i}", f"r{i + 1}"]))
+    assert len(p._req) <= 2 + 4 + 1  # the batch, and at most a few departed ones not yet folded in
+    p.set_batch([f"r{i}" for i in range(Goodput.PER_REQUEST_MAX + 1)])  # above what it tracks
+    assert p._batch is None and p._accepted(bucket_of_9()) == p._population(bucket_of_9())
+
+
+def bucket_of_9():
+    from dynspec.policy import bucket_of
+
+    return bucket_of(Goodput.PER_REQUEST_MAX + 1)

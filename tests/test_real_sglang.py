@@ -140,6 +140,11 @@ def test_counters_follow_each_policy(runs):
     # A prefill after a plain step writes the draft KV only: every prompt but the first for never.
     assert never["kv_only_prefills"] >= N_PROMPTS - 1 and cyc["kv_only_prefills"] > 0, (never, cyc)
     assert always["kv_only_prefills"] == 0
+    # goodput keeps each request's acceptance: the real server told it which requests every step
+    # ran (ModelWorkerBatch.reqs); a policy that does not track them is not told
+    good = counters(runs, "patched-goodput")
+    assert good["steps_with_requests"] == good["steps"] > 0, good
+    assert always["steps_with_requests"] == 0
 
 
 def test_unset_policy_is_the_upstream_path(runs):

@@ -31,7 +31,7 @@ import bisect
 import logging
 import math
 import zlib
-from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, NamedTuple, Sequence
 
 if TYPE_CHECKING:  # not at run time: the patched SGLang server imports this module, and it stays light
     from dynspec.sim.profile import Profile
@@ -56,12 +56,20 @@ class StepRecord(NamedTuple):
     speculated: bool
     accepted: Sequence[int] = ()  # accepted draft tokens per request (bonus token not counted)
     step_time_s: float | None = None  # local wall time; not rank-consistent
+    requests: Sequence[Hashable] | None = None  # the requests' ids, in accepted's order (rank-identical)
 
 
 class Policy:
     """Base class: speculate (True) or decode plainly (False) before each step."""
 
     name = "policy"
+    # Up to this batch size the policy uses the ids of a step's requests: a caller that knows
+    # them calls set_batch before every decide (None above it) and fills StepRecord.requests.
+    requests_up_to = 0
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        """The ids of the requests the next decide()'s step runs (rank-identical, e.g. SGLang's
+        rids), or None when the caller does not pass them (a batch above requests_up_to)."""
 
     def decide(self, batch_size: int) -> bool:
         raise NotImplementedError
@@ -393,6 +401,11 @@ class Goodput(Policy):
     PROBE_MIN = 8  # steps: a probe's own estimate needs a few steps between probes
     SHRINK = 4.0  # a bucket's acceptance leans on the global one until it has a few samples
     BORROW = 0.15  # a neighbour decides a new bucket when one mode wins there by this much
+    # Batches up to this size are estimated request by request: a speculative step then costs
+    # O(batch) Python; above it a batch's mean is the population's within a few percent.
+    PER_REQUEST_MAX = 8
+    requests_up_to = PER_REQUEST_MAX
+    REQ_WEIGHT = 0.05  # EMA weight of one departed request in the spread of acceptance across requests
 
     def __init__(
         self,
@@ -406,18 +419,19 @@ class Goodput(Policy):
         dwell: int = 8,
         margin: float = 0.02,
         lead: float = 0.05,
+        lead_batch: int = 32,
         alpha: float = 0.1,
         acc_alpha: float = 0.005,
         min_samples: int = 2,
         spec_text: str = "goodput",
     ):
         if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
-                or not 0 <= lead < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
+                or not 0 <= lead < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
                 or min_samples < 1):
             raise PolicySpecError(
-                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, "
+                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, lead_batch>=1, "
                 f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, "
-                f"margin={margin}, lead={lead}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
+                f"margin={margin}, lead={lead}, lead_batch={lead_batch}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
             )
         n = len(BUCKET_EDGES)
         self._spec_text = spec_text
@@ -430,7 +444,8 @@ class Goodput(Policy):
         # Speculative output is valued at 1/(1 + lead) of its face: speculation has costs a decode
         # step's time does not show (completions scatter, so prefills fragment and batches drain
         # unevenly), so it must promise `lead` more output than plain decoding to be chosen.
-        self._discount = 1.0 / (1.0 + lead)
+        self.lead_batch = lead_batch
+        self._discount = [1.0 / (1.0 + lead * min(1.0, bucket_mid(b) / lead_batch)) for b in range(len(BUCKET_EDGES))]
         self.min_samples = min_samples
         # [mode][bucket], mode 0 = plain, 1 = spec
         self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
@@ -455,6 +470,16 @@ class Goodput(Policy):
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
         self._acc_at = [0] * n  # _in_bucket at the last acceptance sample
+        # Each running request's accepted drafts [sum, sum of squares, steps], by request id, and the
+        # batch the next step runs (set_batch); None: ids unknown, the bucket's estimate stands.
+        self._req: dict[Hashable, list[float]] = {}
+        self._batch: Sequence[Hashable] | None = None
+        self._batch_bucket = -1
+        self._batch_acc: float | None = None  # the batch's estimate, while no step changed it
+        # Learned from requests that left: the variance of one step's accepted drafts within a
+        # request, and of requests' own means around the population's (empirical Bayes).
+        self._var_within: float | None = None
+        self._var_between: float | None = None
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
@@ -478,11 +503,60 @@ class Goodput(Policy):
 
     # Decision ----------------------------------------------------------------------
     def _accepted(self, b: int) -> float | None:
+        pop, batch = self._population(b), self._batch
+        if batch is None or b != self._batch_bucket or pop is None:
+            return pop
+        # The batch's own requests: each one's mean so far, shrunk to the population's by its
+        # steps n as n / (n + S), S = within- over between-request variance.  Requests alike
+        # (S large) lean on the population; unlike ones soon on their own, so a hard request
+        # at C=1 switches speculation off within its life, and its successor starts afresh.
+        wi, bt = self._var_within, self._var_between
+        if wi is None or bt is None or bt <= 0.0:
+            return pop
+        if self._batch_acc is None:
+            shrink, req, total = max(wi / bt, 1.0), self._req, 0.0
+            for rid in batch:
+                s = req.get(rid)
+                total += pop if s is None else (s[0] + shrink * pop) / (s[2] + shrink)
+            self._batch_acc = total / len(batch)
+        return self._batch_acc
+
+    def _population(self, b: int) -> float | None:
+        """Accepted drafts per request in bucket b, over whichever requests ran there."""
         a, g = self.acc_est[b], self.acc_global
         if a is None or g is None:
             return g if a is None else a
         k = self.n_acc[b]
         return (k * a + self.SHRINK * g) / (k + self.SHRINK)
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        n = 0 if requests is None else len(requests)
+        if requests is None or not 0 < n <= self.PER_REQUEST_MAX:
+            self._batch, self._batch_bucket = None, -1
+            return
+        if requests == self._batch:
+            return  # the same requests: what they told is already in the estimate
+        self._batch, b = requests, bucket_of(n)
+        self._batch_bucket, self._batch_acc = b, None
+        if len(self._req) > n + 4:  # requests that left: learn the spread from them, then forget
+            keep = set(requests)
+            gone = [rid for rid in self._req if rid not in keep]
+            pop = self._population(b)
+            for rid in gone:
+                self._depart(self._req.pop(rid), pop)
+        if self._var_between is not None:
+            self._refresh(b)
+
+    def _depart(self, s: list, pop: float | None) -> None:
+        total, squares, n = s
+        if n < 2 or pop is None:
+            return
+        w, mean = self.REQ_WEIGHT, total / n
+        within = max(squares - total * mean, 0.0) / (n - 1)
+        self._var_within = within if self._var_within is None else self._var_within + w * (within - self._var_within)
+        # (mean - population)^2 holds the request's own noise, var_within / n, beside the spread
+        between = (mean - pop) ** 2 - self._var_within / n
+        self._var_between = between if self._var_between is None else self._var_between + w * (between - self._var_between)
 
     def _times(self, b: int) -> tuple[float | None, float | None]:
         """Plain and spec step times in bucket b.  A plain step does a subset of a speculative
@@ -498,13 +572,13 @@ class Goodput(Policy):
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
-        return (1.0 + acc) * self._discount * tp / ts
+        return (1.0 + acc) * self._discount[b] * tp / ts
 
     def _refresh(self, b: int) -> None:
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return
-        acc = (1.0 + acc) * self._discount - 1.0  # tokens per request as valued (lead)
+        acc = (1.0 + acc) * self._discount[b] - 1.0  # tokens per request as valued (lead)
         g = (1.0 + acc) * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
@@ -619,13 +693,14 @@ class Goodput(Policy):
 
     # Learning ----------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t = rec
+        bs, speculated, accepted, t, rids = rec
         b = bucket_of(bs)
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
         changed = False
         if speculated and accepted:
             k = len(accepted)
+            self._batch_acc = None  # the batch's estimate moves with every sample
             a = sum(accepted) / k
             # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
             # 0..num_steps from step to step, so at batch 1 a step says little.
@@ -647,6 +722,8 @@ class Goodput(Policy):
             wb, wg = max(w, 1.0 / self.n_acc[b]), max(w, 1.0 / self._n_acc_global)
             self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
             self.acc_global = a if g is None else g + wg * (a - g)
+            if rids is not None and len(rids) == k <= self.PER_REQUEST_MAX:
+                self._track(rids, accepted, b)
             changed = True
         if t is not None and self.use_times:
             kind = 2 if speculated and self._prev_spec is False else m
@@ -662,6 +739,26 @@ class Goodput(Policy):
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
+
+    def _track(self, rids: Sequence[Hashable], accepted: Sequence[int], b: int) -> None:
+        """Add a step's accepted drafts to each request's own, and when these are the requests of
+        the batch set, its estimate in the same pass (one loop: the hot path is O(batch) here)."""
+        req, wi, bt = self._req, self._var_within, self._var_between
+        pop, shrink, total = None, 0.0, 0.0
+        if wi is not None and bt is not None and bt > 0.0 and b == self._batch_bucket and rids == self._batch:
+            pop, shrink = self._population(b), max(wi / bt, 1.0)
+        for rid, x in zip(rids, accepted):
+            s = req.get(rid)
+            if s is None:
+                req[rid] = s = [float(x), float(x * x), 1.0]
+            else:
+                s[0] += x
+                s[1] += x * x
+                s[2] += 1
+            if pop is not None:
+                total += (s[0] + shrink * pop) / (s[2] + shrink)
+        if pop is not None:
+            self._batch_acc = total / len(rids)
 
     def _fold(self, kind: int, b: int, t: float, count: float) -> None:
         """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
@@ -749,6 +846,7 @@ class FailSafePolicy(Policy):
     def __init__(self, inner: Policy, logger: logging.Logger | None = None):
         self.inner = inner
         self.name = inner.name
+        self.requests_up_to = inner.requests_up_to
         self.failed = False
         self._log = logger or log
 
@@ -759,6 +857,14 @@ class FailSafePolicy(Policy):
             "dynspec policy %s failed in %s (%s: %s); speculating as configured for the rest of the run",
             self.inner.name, where, type(exc).__name__, exc,
         )
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        if self.failed:
+            return
+        try:
+            self.inner.set_batch(requests)
+        except Exception as exc:  # noqa: BLE001
+            self.fail("set_batch", exc)
 
     def decide(self, batch_size: int) -> bool:
         if self.failed:
@@ -892,6 +998,7 @@ _GOODPUT_OPTS = {
     "dwell": "minimum steps between switches",
     "margin": "relative advantage needed to switch",
     "lead": "share more output speculation must promise to be chosen",
+    "lead_batch": "batch size from which the lead applies in full (in proportion below)",
     "alpha": "EMA weight of step times",
     "acc_alpha": "EMA weight of one request's accepted drafts",
     "sync_every": "steps between rank agreements on step times",
@@ -909,7 +1016,7 @@ def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | Non
         except ProfileError as exc:
             raise PolicySpecError(f"{spec!r}: {exc}") from None
     kw: dict = {}
-    for key in ("probe", "dwell", "sync_every", "min_samples"):
+    for key in ("probe", "dwell", "sync_every", "min_samples", "lead_batch"):
         if key in o:
             kw[key] = _int(spec, key, o[key])
     for key in ("margin", "lead", "alpha", "acc_alpha", "budget"):

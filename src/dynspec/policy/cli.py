@@ -13,27 +13,37 @@ BENCH_SPECS = ["always", "never", "threshold:on=24,off=32,dwell=50", "table:1-63
                "sglang-default-tiers", "goodput"]
 
 
-def bench_stream(steps: int, seed: int = 0, max_batch: int = 128) -> list[tuple[int, float, tuple[int, ...]]]:
-    """A serving-like stream: the batch drifts between 1 and max_batch, acceptance 0..3 per request."""
+def bench_stream(steps: int, seed: int = 0, max_batch: int = 128) -> list[tuple[int, float, tuple[int, ...], tuple]]:
+    """A serving-like stream: the batch drifts between 1 and max_batch, acceptance 0..3 per request,
+    and the requests' ids (each request lives about 100 steps, as SGLang's rids: strings)."""
     rng = random.Random(seed)
-    bs, out = 1, []
+    bs, out, rids, next_id = 1, [], [], 0
     for _ in range(steps):
         bs = min(max(bs + rng.choice((-2, -1, 0, 0, 1, 2)), 1), max_batch)
+        rids = [r for r in rids if rng.random() > 0.01][:bs]
+        while len(rids) < bs:
+            rids.append(f"{next_id:032x}")
+            next_id += 1
         accepted = tuple(rng.choice((0, 1, 1, 2, 2, 3)) for _ in range(bs))
-        out.append((bs, 0.005 + bs * 1e-4 + rng.random() * 1e-4, accepted))
+        out.append((bs, 0.005 + bs * 1e-4 + rng.random() * 1e-4, accepted, tuple(rids)))
     return out
 
 
 def bench_policy(spec: str, steps: int = 20000, seed: int = 0) -> list[float]:
-    """Per-step decide+observe times in microseconds."""
+    """Per-step times in microseconds of what a server calls: set_batch (for a policy that tracks
+    requests), decide and observe."""
     policy = build_policy(spec)
     stream = bench_stream(steps, seed)
     clock = time.perf_counter_ns
     samples = []
-    for bs, t, accepted in stream:
+    up_to = policy.requests_up_to
+    for bs, t, accepted, rids in stream:
         t0 = clock()
+        ids = rids if bs <= up_to else None
+        if up_to:
+            policy.set_batch(ids)
         spec_now = policy.decide(bs)
-        policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t))
+        policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t, ids if spec_now else None))
         samples.append((clock() - t0) / 1000.0)
     return samples[steps // 10:]  # drop warm-up
 

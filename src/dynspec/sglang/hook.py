@@ -160,6 +160,7 @@ class Controller:
         self.forced_spec = 0  # policy said plain, the batch could not run plain
         self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
         self.kv_only_prefills = 0  # prefills in a plain stretch: the draft wrote its KV only
+        self.steps_with_requests = 0  # decisions told which requests the step runs (per-request acceptance)
         self.mode = "spec"  # the server starts speculating, as configured
         self.last_switch: dict | None = None
         self._spec_steps_observed = 0
@@ -183,9 +184,15 @@ class Controller:
             self._n_values = len(inner.sync_values())
 
     # --- before a step ------------------------------------------------------------
-    def decide(self, batch_size: int, can_plain: bool = True) -> bool:
-        """True: speculate this step.  Call exactly once per non-idle decode step."""
-        want = True if self.fallback else self.policy.decide(batch_size)
+    def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
+        """True: speculate this step.  Call exactly once per non-idle decode step.  reqs: the
+        step's requests (objects with a .rid, as SGLang's Req), for a policy that tracks them."""
+        pol = self.policy
+        if reqs is not None and pol.requests_up_to and not self.fallback:
+            small = len(reqs) <= pol.requests_up_to
+            pol.set_batch([r.rid for r in reqs] if small else None)
+            self.steps_with_requests += small
+        want = True if self.fallback else pol.decide(batch_size)
         spec = want or not can_plain
         if not want and not can_plain:
             self.forced_spec += 1
@@ -234,8 +241,10 @@ class Controller:
         """A prefill/extend batch ran: the next two result intervals are not decode step times."""
         self._skip_intervals = 2
 
-    def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = ()) -> None:
-        """Feed one decode step's outcome (accepted draft tokens per request) to the policy."""
+    def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = (),
+                reqs: Sequence | None = None) -> None:
+        """Feed one decode step's outcome (accepted draft tokens per request, in the order of reqs,
+        the step's requests when the caller has them) to the policy."""
         now = self._clock()
         step_time = None
         if self._last_obs_t is not None and self._skip_intervals <= 0:
@@ -251,12 +260,16 @@ class Controller:
                 self._accepted_n += len(accepted)
         if self.fallback:
             return
+        rids = None
+        if speculated and reqs is not None and 0 < len(reqs) <= self.policy.requests_up_to:
+            rids = [r.rid for r in reqs]
         self.policy.observe(
             StepRecord(
                 batch_size,
                 speculated,
                 tuple(accepted) if speculated else (),
                 step_time if self.times_agreed else None,
+                rids,
             )
         )
         if self.agreeing and self._schedule.due(self.step, batch_size, speculated):
@@ -336,6 +349,7 @@ class Controller:
             "forced_spec": self.forced_spec,
             "resumes": self.resumes,
             "kv_only_prefills": self.kv_only_prefills,
+            "steps_with_requests": self.steps_with_requests,
             "policy_failed": bool(getattr(self.policy, "failed", False)),
             "fallback": self.fallback,
             "plain_step": self.plain_step_kind,

@@ -299,7 +299,12 @@ class Engine:
         running = self.running
         bs = len(running)
         t_plain, t_spec, extrap, t_resume = self._times(bs)
-        spec = self.policy.decide(bs) if self.policy is not None else False
+        policy = self.policy
+        rids = None
+        if policy is not None and policy.requests_up_to:  # it tracks small batches' requests
+            rids = [r.rid for r in running] if bs <= policy.requests_up_to else None
+            policy.set_batch(rids)
+        spec = policy.decide(bs) if policy is not None else False
         st = self.stats
         if self.mode is not None and spec != self.mode:
             st.switches += 1
@@ -339,7 +344,7 @@ class Engine:
             st.spec_request_steps += bs
             st.spec_tokens += emitted
             st.tokens_out += emitted
-            rec = StepRecord(bs, True, accepted, duration)
+            rec = StepRecord(bs, True, accepted, duration, rids)
         else:
             for req in running:
                 advance(req, 1, end, record, finished, still)
