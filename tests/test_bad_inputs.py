@@ -291,3 +291,8 @@ def test_fuzz_import_files(tmp_path, capsys, data):
 def test_policy_bench_without_samples_is_one_line(tmp_path, capsys):
     err = one_line_refusal(capsys, ["policy", "bench", "goodput", "--steps", "0"], tmp_path)
     assert "--steps must be at least 2" in err
+
+
+def test_policy_bench_with_no_batch_is_one_line(tmp_path, capsys):
+    err = one_line_refusal(capsys, ["policy", "bench", "goodput", "--batch", "0"], tmp_path)
+    assert "--batch must be in 1..4096, got 0" in err

@@ -668,9 +668,9 @@ def test_goodput_follows_each_request_of_the_batch():
     ids) every request looks the same, so it cannot tell them apart."""
     machine = _flat_profile(10, 20, 2.5)  # the profile's prior: 1.5 accepted, the population's mean
     pattern = ["good", "bad"] * 20
-    by_request = _per_request_run(Goodput(machine), pattern)
-    pooled = _per_request_run(Goodput(machine), pattern, pass_ids=False)
-    assert by_request["good"] > 0.9 and by_request["bad"] < 0.3, by_request
+    by_request = _per_request_run(Goodput(machine), pattern, steps_each=60)
+    pooled = _per_request_run(Goodput(machine), pattern, steps_each=60, pass_ids=False)
+    assert by_request["good"] > 0.9 and by_request["bad"] < 0.4, by_request
     assert abs(pooled["good"] - pooled["bad"]) < 0.15, pooled  # the control: no ids, no difference
     # requests that are alike (each draws 0, 3, 1, 2, ... in turn: the same mean, a spread within)
     # teach no spread between them: the batch's estimate stays the population's
@@ -700,3 +700,29 @@ def bucket_of_9():
     from dynspec.policy import bucket_of
 
     return bucket_of(Goodput.PER_REQUEST_MAX + 1)
+
+
+def test_policy_bench_runs_a_fixed_batch_through_set_batch():
+    """`dynspec policy bench --batch B` times what a server calls at one batch size, set_batch
+    included for a policy that tracks requests: its stream keeps B requests whose ids turn over."""
+    from dynspec.policy.cli import bench_policy, bench_stream
+
+    stream = bench_stream(500, batch=4)
+    assert {bs for bs, *_ in stream} == {4} and all(len(rids) == 4 == len(set(rids)) for *_, rids in stream)
+    assert len({r for *_, rids in stream for r in rids}) > 4  # requests come and go
+    seen = []
+
+    class Spy(Goodput):
+        def set_batch(self, requests):
+            seen.append(requests)
+            super().set_batch(requests)
+
+    import dynspec.policy.cli as cli
+
+    real = cli.build_policy
+    cli.build_policy = lambda spec: Spy()
+    try:
+        assert len(bench_policy("goodput", steps=50, batch=4)) == 45  # the first tenth is warm-up
+    finally:
+        cli.build_policy = real
+    assert len(seen) == 50 and all(s is not None and len(s) == 4 for s in seen)

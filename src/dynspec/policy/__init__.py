@@ -406,6 +406,10 @@ class Goodput(Policy):
     PER_REQUEST_MAX = 8
     requests_up_to = PER_REQUEST_MAX
     REQ_WEIGHT = 0.05  # EMA weight of one departed request in the spread of acceptance across requests
+    # A request's own steps weigh at most as n / (n + 8): the spread is learned from requests that
+    # left, and those that looked bad early stopped being sampled (plain), so it runs high; a
+    # request that starts unlucky must not be held plain for its whole life by a few draws.
+    SHRINK_MIN = 8.0
 
     def __init__(
         self,
@@ -514,7 +518,7 @@ class Goodput(Policy):
         if wi is None or bt is None or bt <= 0.0:
             return pop
         if self._batch_acc is None:
-            shrink, req, total = max(wi / bt, 1.0), self._req, 0.0
+            shrink, req, total = max(wi / bt, self.SHRINK_MIN), self._req, 0.0
             for rid in batch:
                 s = req.get(rid)
                 total += pop if s is None else (s[0] + shrink * pop) / (s[2] + shrink)
@@ -746,7 +750,7 @@ class Goodput(Policy):
         req, wi, bt = self._req, self._var_within, self._var_between
         pop, shrink, total = None, 0.0, 0.0
         if wi is not None and bt is not None and bt > 0.0 and b == self._batch_bucket and rids == self._batch:
-            pop, shrink = self._population(b), max(wi / bt, 1.0)
+            pop, shrink = self._population(b), max(wi / bt, self.SHRINK_MIN)
         for rid, x in zip(rids, accepted):
             s = req.get(rid)
             if s is None:

@@ -13,13 +13,16 @@ BENCH_SPECS = ["always", "never", "threshold:on=24,off=32,dwell=50", "table:1-63
                "sglang-default-tiers", "goodput"]
 
 
-def bench_stream(steps: int, seed: int = 0, max_batch: int = 128) -> list[tuple[int, float, tuple[int, ...], tuple]]:
-    """A serving-like stream: the batch drifts between 1 and max_batch, acceptance 0..3 per request,
-    and the requests' ids (each request lives about 100 steps, as SGLang's rids: strings)."""
+def bench_stream(steps: int, seed: int = 0, max_batch: int = 128,
+                 batch: int | None = None) -> list[tuple[int, float, tuple[int, ...], tuple]]:
+    """A serving-like stream: the batch drifts between 1 and max_batch (or stays at `batch`),
+    acceptance 0..3 per request, and the requests' ids (each request lives about 100 steps, as
+    SGLang's rids: strings)."""
     rng = random.Random(seed)
-    bs, out, rids, next_id = 1, [], [], 0
+    bs, out, rids, next_id = batch or 1, [], [], 0
     for _ in range(steps):
-        bs = min(max(bs + rng.choice((-2, -1, 0, 0, 1, 2)), 1), max_batch)
+        if batch is None:
+            bs = min(max(bs + rng.choice((-2, -1, 0, 0, 1, 2)), 1), max_batch)
         rids = [r for r in rids if rng.random() > 0.01][:bs]
         while len(rids) < bs:
             rids.append(f"{next_id:032x}")
@@ -29,11 +32,11 @@ def bench_stream(steps: int, seed: int = 0, max_batch: int = 128) -> list[tuple[
     return out
 
 
-def bench_policy(spec: str, steps: int = 20000, seed: int = 0) -> list[float]:
+def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None = None) -> list[float]:
     """Per-step times in microseconds of what a server calls: set_batch (for a policy that tracks
     requests), decide and observe."""
     policy = build_policy(spec)
-    stream = bench_stream(steps, seed)
+    stream = bench_stream(steps, seed, batch=batch)
     clock = time.perf_counter_ns
     samples = []
     up_to = policy.requests_up_to
@@ -63,10 +66,13 @@ def _bench(args) -> int:
     if args.steps < 2:  # a median and a p99 need samples
         print(f"dynspec policy bench: --steps must be at least 2, got {args.steps}", file=sys.stderr)
         return 2
+    if args.batch is not None and not 1 <= args.batch <= 4096:
+        print(f"dynspec policy bench: --batch must be in 1..4096, got {args.batch}", file=sys.stderr)
+        return 2
     last = 0.0
     for spec in specs:
         try:
-            samples = bench_policy(spec, args.steps, args.seed)
+            samples = bench_policy(spec, args.steps, args.seed, args.batch)
         except PolicySpecError as exc:
             print(f"dynspec policy bench: {exc}", file=sys.stderr)
             return 2
@@ -88,4 +94,5 @@ def add_cli(sub) -> None:
     b.add_argument("spec", nargs="?", help="one spec (default: every built-in policy)")
     b.add_argument("--steps", type=int, default=20000)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--batch", type=int, help="a fixed batch size instead of one drifting between 1 and 128")
     b.set_defaults(func=_bench)
