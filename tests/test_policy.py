@@ -726,3 +726,16 @@ def test_policy_bench_runs_a_fixed_batch_through_set_batch():
     finally:
         cli.build_policy = real
     assert len(seen) == 50 and all(s is not None and len(s) == 4 for s in seen)
+
+
+def test_failsafe_speculates_after_set_batch_raises(caplog):
+    class Broken(Goodput):
+        def set_batch(self, requests):
+            raise KeyError("no such request")
+
+    p = FailSafePolicy(Broken())
+    assert p.requests_up_to == Goodput.PER_REQUEST_MAX  # a caller asks the wrapper what to pass
+    with caplog.at_level("WARNING", logger="dynspec.policy"):
+        p.set_batch(["r0"])
+    assert p.failed and p.decide(1) is True
+    assert "failed in set_batch (KeyError" in caplog.text

@@ -31,7 +31,7 @@ import bisect
 import logging
 import math
 import zlib
-from typing import TYPE_CHECKING, Callable, Hashable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Sequence
 
 if TYPE_CHECKING:  # not at run time: the patched SGLang server imports this module, and it stays light
     from dynspec.sim.profile import Profile
@@ -862,13 +862,16 @@ class FailSafePolicy(Policy):
             self.inner.name, where, type(exc).__name__, exc,
         )
 
-    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+    def _guarded(self, where: str, call: Callable[[Any], None], arg: Any) -> None:
         if self.failed:
             return
         try:
-            self.inner.set_batch(requests)
+            call(arg)
         except Exception as exc:  # noqa: BLE001
-            self.fail("set_batch", exc)
+            self.fail(where, exc)
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        self._guarded("set_batch", self.inner.set_batch, requests)
 
     def decide(self, batch_size: int) -> bool:
         if self.failed:
@@ -880,12 +883,7 @@ class FailSafePolicy(Policy):
             return True
 
     def observe(self, rec: StepRecord) -> None:
-        if self.failed:
-            return
-        try:
-            self.inner.observe(rec)
-        except Exception as exc:  # noqa: BLE001
-            self.fail("observe", exc)
+        self._guarded("observe", self.inner.observe, rec)
 
     def reason(self, batch_size: int) -> str:
         if self.failed:
