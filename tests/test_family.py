@@ -170,3 +170,24 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
         assert t["policy:goodput"] >= 0.97 * best, (c, t)
         if c == 1:
             assert t["policy:goodput:acc_alpha=0.05"] < 0.95 * best, (c, t)  # the control: a fast EMA
+
+
+def test_the_oracle_reads_the_running_requests_true_acceptance():
+    """benchmarks/oracle_acceptance.py: the what-if policy's acceptance is the mean over the
+    requests the engine runs of r + r^2 + ... + r^n (their own rates), whatever it observed."""
+    from benchmark_scripts import load
+
+    oa = load("oracle_acceptance")
+    p = member(0, 67).profile()  # requests very unlike each other (concentration 4.3)
+    pol = oa.OracleAcceptance(lead=0.0)
+    eng = oa._Engine(p, pol, seed=0)
+    assert pol.engine is eng
+    for _ in range(3):
+        eng.submit(64, 32)
+    while len(eng.running) < 3:
+        eng.step()
+    n = eng.num_steps
+    truth = sum(sum(r.accept_rate ** j for j in range(1, n + 1)) for r in eng.running) / 3
+    assert pol._accepted(0) == pytest.approx(truth)
+    rates = {round(r.accept_rate, 3) for r in eng.running}
+    assert len(rates) == 3  # three different requests: the batch's truth is their mean, not a bucket's
