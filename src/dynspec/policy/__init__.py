@@ -380,7 +380,10 @@ class Goodput(Policy):
     "Goodput" here is output tokens per second (SmartSpec's sense), not vLLM's or DistServe's
     requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
     tokens per request and, per mode, an estimate of the step time; expected goodput per
-    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain.  Step times start
+    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain, the lead in full from
+    `lead_batch` requests and in proportion below.  Up to PER_REQUEST_MAX requests, told their
+    ids (set_batch, StepRecord.requests), it estimates a batch's acceptance from its own
+    requests, each shrunk to the population's (empirical Bayes).  Step times start
     from a profile when given and are refined by measured times that the ranks agreed on
     (`sync`); a spec step right after plain ones measures the resume, kept apart from the spec
     step time.  Without a profile, a new bucket is decided from a neighbour that clearly knows
@@ -447,7 +450,9 @@ class Goodput(Policy):
         self.lead, self.acc_alpha = lead, acc_alpha
         # Speculative output is valued at 1/(1 + lead) of its face: speculation has costs a decode
         # step's time does not show (completions scatter, so prefills fragment and batches drain
-        # unevenly), so it must promise `lead` more output than plain decoding to be chosen.
+        # unevenly), so it must promise `lead` more output than plain decoding to be chosen.  Those
+        # costs are at most a prefill's fixed cost per request that finishes apart from the others,
+        # a share that grows with the batch: the lead applies in full from `lead_batch` requests.
         self.lead_batch = lead_batch
         self._discount = [1.0 / (1.0 + lead * min(1.0, bucket_mid(b) / lead_batch)) for b in range(len(BUCKET_EDGES))]
         self.min_samples = min_samples
