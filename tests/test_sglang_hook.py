@@ -361,3 +361,17 @@ def test_tp_plain_graphs_are_used_only_when_every_rank_captured():
     assert [c.stats()["plain_step"] for c in ctls] == ["cuda_graph", "cuda_graph"]
     one = Controller(Scripted([]), spec="s")
     assert one.agree_plain_graphs(True) and not one.agree_plain_graphs(False)
+
+
+def test_requests_without_ids_leave_the_population_estimate():
+    """A batch whose request objects have no rid (another SGLang's Req) must not fail the step:
+    the policy is told None and keeps its population estimate."""
+    from types import SimpleNamespace
+
+    policy = Scripted([True, True], requests_up_to=8)
+    ctl = Controller(policy, spec="scripted")
+    assert ctl.decide(2, reqs=[SimpleNamespace(), SimpleNamespace()]) is True
+    ctl.observe(2, True, (1, 1), reqs=[SimpleNamespace(), SimpleNamespace()])
+    assert policy.batches == [None] and policy.records[-1].requests is None
+    assert ctl.decide(2, reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")]) is True
+    assert policy.batches[-1] == ["a", "b"] and ctl.stats()["steps_with_requests"] == 1

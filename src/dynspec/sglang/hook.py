@@ -113,6 +113,15 @@ def catch_up_window(env: Mapping[str, str] | None = None, log=None) -> int:
     return window
 
 
+def _request_ids(reqs: Sequence, up_to: int) -> list | None:
+    """The requests' rids when there are at most up_to of them; None otherwise, or when a
+    request has none (the policy's population estimate stands: the server must not fail here)."""
+    try:
+        return [r.rid for r in reqs] if 0 < len(reqs) <= up_to else None
+    except Exception:  # noqa: BLE001 - a batch of objects without rid
+        return None
+
+
 class Controller:
     """One TP rank's view of the policy: decisions, counters, switch log, stats.
 
@@ -189,9 +198,9 @@ class Controller:
         step's requests (objects with a .rid, as SGLang's Req), for a policy that tracks them."""
         pol = self.policy
         if reqs is not None and pol.requests_up_to and not self.fallback:
-            small = len(reqs) <= pol.requests_up_to
-            pol.set_batch([r.rid for r in reqs] if small else None)
-            self.steps_with_requests += small
+            ids = _request_ids(reqs, pol.requests_up_to)
+            pol.set_batch(ids)
+            self.steps_with_requests += ids is not None
         want = True if self.fallback else pol.decide(batch_size)
         spec = want or not can_plain
         if not want and not can_plain:
@@ -260,9 +269,7 @@ class Controller:
                 self._accepted_n += len(accepted)
         if self.fallback:
             return
-        rids = None
-        if speculated and reqs is not None and 0 < len(reqs) <= self.policy.requests_up_to:
-            rids = [r.rid for r in reqs]
+        rids = _request_ids(reqs, self.policy.requests_up_to) if speculated and reqs is not None else None
         self.policy.observe(
             StepRecord(
                 batch_size,
