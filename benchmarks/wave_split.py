@@ -15,7 +15,6 @@ them out for size).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -71,8 +70,9 @@ def main() -> int:
     levels, rows = [], []
     for f in files:
         name = f.name.split(".jsonl")[0]
-        arm = re.sub(r"_(c\d+|rate[^_]+(_c\d+)?)_r\d+$", "", name)  # level_name's suffix off
-        kind = kinds.get(arm) or ("never" if "never" in name else "plain")
+        # a level is named ARM_<level>_r<repeat> (level_name): its arm is the longest one that prefixes it
+        arm = max((a for a in kinds if name.startswith(a + "_")), key=len, default=None)
+        kind = kinds[arm] if arm else ("never" if "never" in name else "plain")
         recs = streamed(f)
         if not recs:
             continue

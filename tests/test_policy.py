@@ -692,14 +692,11 @@ def test_goodput_forgets_requests_that_left():
         p.decide(2)
         p.observe(StepRecord(2, True, (1, 2), 0.01, [f"r{i}", f"r{i + 1}"]))
     assert len(p._req) <= 2 + 4 + 1  # the batch, and at most a few departed ones not yet folded in
-    p.set_batch([f"r{i}" for i in range(Goodput.PER_REQUEST_MAX + 1)])  # above what it tracks
-    assert p._batch is None and p._accepted(bucket_of_9()) == p._population(bucket_of_9())
-
-
-def bucket_of_9():
     from dynspec.policy import bucket_of
 
-    return bucket_of(Goodput.PER_REQUEST_MAX + 1)
+    big = Goodput.PER_REQUEST_MAX + 1
+    p.set_batch([f"r{i}" for i in range(big)])  # above what it tracks
+    assert p._batch is None and p._accepted(bucket_of(big)) == p._population(bucket_of(big))
 
 
 def test_policy_bench_runs_a_fixed_batch_through_set_batch():

@@ -87,11 +87,10 @@ def test_a_run_without_the_device_timer_is_refused_in_one_line(tmp_path, capsys,
     assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in err and "\n" not in err
 
 
-def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
-    """benchmarks/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
-    20 ms pause; the never kind's requests start their first token 5 ms later."""
-    (tmp_path / "requests").mkdir()
-    for name, late in (("plain_c2_r0", 0.0), ("dynspec-never_c2_r0", 0.005)):
+def _waves_of_requests(run: Path, levels) -> None:
+    """Per-request records of each (level name, lateness): three waves of two requests."""
+    (run / "requests").mkdir()
+    for name, late in levels:
         lines = []
         for wave in range(3):
             for k in range(2):
@@ -100,8 +99,26 @@ def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, 
                 ttft = 0.1 + late + 0.05 * k
                 lines.append(json.dumps({"start": start, "ttft": ttft, "itls": itls,
                                          "end": start + ttft + sum(itls)}))
-        with gzip.open(tmp_path / "requests" / f"{name}.jsonl.gz", "wt") as f:
+        with gzip.open(run / "requests" / f"{name}.jsonl.gz", "wt") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def test_waves_are_pooled_by_the_kind_the_runs_config_gives_each_arm(tmp_path, capsys, monkeypatch):
+    """With a config.yaml, a level's kind is its arm's sim_arm; the arm is the longest one whose
+    name prefixes the level's (an arm named `a_b` is not `a`)."""
+    (tmp_path / "config.yaml").write_text("arms:\n- {name: a, sim_arm: eagle3}\n- {name: a_b, sim_arm: 'policy:always'}\n")
+    _waves_of_requests(tmp_path, (("a_c2_r0", 0.0), ("a_b_c2_r0", 0.005)))
+    out = tmp_path / "waves.csv"
+    monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path), "--out", str(out)])
+    assert load("wave_split").main() == 0
+    rows = [dict(zip(out.read_text().splitlines()[0].split(","), r.split(","))) for r in out.read_text().splitlines()[1:]]
+    assert {(r["level"], r["kind"]) for r in rows} == {("a_c2_r0", "eagle3"), ("a_b_c2_r0", "policy:always")}
+
+
+def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
+    """benchmarks/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
+    20 ms pause; the never kind's requests start their first token 5 ms later."""
+    _waves_of_requests(tmp_path, (("plain_c2_r0", 0.0), ("dynspec-never_c2_r0", 0.005)))
     ws = load("wave_split")
     recs = ws.streamed(tmp_path / "requests" / "plain_c2_r0.jsonl.gz")  # gzipped, as committed runs keep them
     assert [len(w) for w in ws.waves(recs, 0.15)] == [2, 2, 2]

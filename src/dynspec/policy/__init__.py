@@ -732,7 +732,7 @@ class Goodput(Policy):
             self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
             self.acc_global = a if g is None else g + wg * (a - g)
             if rids is not None and len(rids) == k <= self.PER_REQUEST_MAX:
-                self._track(rids, accepted, b)
+                self._track(rids, accepted)
             changed = True
         if t is not None and self.use_times:
             kind = 2 if speculated and self._prev_spec is False else m
@@ -749,25 +749,17 @@ class Goodput(Policy):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
 
-    def _track(self, rids: Sequence[Hashable], accepted: Sequence[int], b: int) -> None:
-        """Add a step's accepted drafts to each request's own, and when these are the requests of
-        the batch set, its estimate in the same pass (one loop: the hot path is O(batch) here)."""
-        req, wi, bt = self._req, self._var_within, self._var_between
-        pop, shrink, total = None, 0.0, 0.0
-        if wi is not None and bt is not None and bt > 0.0 and b == self._batch_bucket and rids == self._batch:
-            pop, shrink = self._population(b), max(wi / bt, self.SHRINK_MIN)
+    def _track(self, rids: Sequence[Hashable], accepted: Sequence[int]) -> None:
+        """Add a step's accepted drafts to each request's own (the batch's estimate follows lazily)."""
+        req = self._req
         for rid, x in zip(rids, accepted):
             s = req.get(rid)
             if s is None:
-                req[rid] = s = [float(x), float(x * x), 1.0]
+                req[rid] = [float(x), float(x * x), 1.0]
             else:
                 s[0] += x
                 s[1] += x * x
                 s[2] += 1
-            if pop is not None:
-                total += (s[0] + shrink * pop) / (s[2] + shrink)
-        if pop is not None:
-            self._batch_acc = total / len(rids)
 
     def _fold(self, kind: int, b: int, t: float, count: float) -> None:
         """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
