@@ -9,6 +9,7 @@ class Scripted(Policy):
     def __init__(self, modes, requests_up_to: int = 0):
         self.modes, self.records = list(modes), []
         self.requests_up_to, self.batches = requests_up_to, []
+        self.prefills = []  # (requests, tokens, seconds) per note_prefill
 
     def set_batch(self, requests):
         self.batches.append(None if requests is None else list(requests))
@@ -18,6 +19,9 @@ class Scripted(Policy):
 
     def observe(self, rec):
         self.records.append(rec)
+
+    def note_prefill(self, requests, tokens, seconds=None):
+        self.prefills.append((requests, tokens, seconds))
 
     def reason(self, batch_size):
         return f"because {batch_size}"

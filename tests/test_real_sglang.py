@@ -145,6 +145,14 @@ def test_counters_follow_each_policy(runs):
     good = counters(runs, "patched-goodput")
     assert good["steps_with_requests"] == good["steps"] > 0, good
     assert always["steps_with_requests"] == 0
+    # Every prefill result reaches the policy (0002, process_batch_result_prefill): the prompts
+    # of both levels at least (the server's warm-up adds its own), fewer forwards than prompts
+    # when prompts share one; goodput reads bursts and output per request from them
+    for arm in ("patched-always", "patched-never", "patched-threshold", "patched-goodput", "patched-cycle"):
+        c = counters(runs, arm)
+        assert c["prompts_prefilled"] >= len(LEVELS) * N_PROMPTS and 0 < c["prefills"] <= c["prompts_prefilled"], arm
+    est = good["prefill_estimates"]
+    assert est["requests_per_burst"] >= 1 and est["output_per_request"] > 1 and est["fixed_ms"] > 0, est
 
 
 def test_unset_policy_is_the_upstream_path(runs):

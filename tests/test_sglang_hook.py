@@ -375,3 +375,78 @@ def test_requests_without_ids_leave_the_population_estimate():
     assert policy.batches == [None] and policy.records[-1].requests is None
     assert ctl.decide(2, reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")]) is True
     assert policy.batches[-1] == ["a", "b"] and ctl.stats()["steps_with_requests"] == 1
+
+
+def test_a_prefill_is_timed_apart_from_the_decode_steps():
+    """note_prefill: the prompts a prefill forward finished and its tokens reach the policy with
+    the interval since the previous result; the next decode step's interval no longer holds it."""
+    clock = Clock()
+    policy = Scripted([])
+    ctl = Controller(policy, spec="s", clock=clock)
+    ctl.note_prefill(4, 1600)  # the first result: no interval yet
+    clock.t += 0.010
+    ctl.observe(4, False)
+    clock.t += 0.050
+    ctl.note_prefill(1, 400)
+    clock.t += 0.010
+    ctl.observe(4, False)
+    clock.t += 5.0  # idle; then a prompt is launched (the worker's note_other_forward) and done
+    ctl.note_other_forward()
+    clock.t += 0.030
+    ctl.note_prefill(1, 400)
+    clock.t += 0.010
+    ctl.observe(1, False)
+    assert policy.prefills == [(4, 1600, None), (1, 400, pytest.approx(0.050)), (1, 400, pytest.approx(0.030))]
+    assert [r.step_time_s for r in policy.records] == [pytest.approx(0.010), pytest.approx(0.010), None]
+    st = ctl.stats()
+    assert (st["prefills"], st["prompts_prefilled"]) == (3, 6)
+    assert st["prefill_estimates"] is None  # a policy that reads none
+    ranks = Controller(Scripted([]), spec="s", tp_size=2, sync=None, clock=clock)
+    clock.t += 0.01
+    ranks.note_prefill(2, 800)
+    clock.t += 0.01
+    ranks.note_prefill(2, 800)
+    assert [p[2] for p in ranks.policy.inner.prefills] == [None, None]  # local times, not agreed
+
+
+def test_goodput_reports_what_it_reads_from_prefills():
+    clock = Clock()
+    ctl = Controller(build_policy("goodput"), spec="goodput", clock=clock)
+    ctl.note_prefill(8, 8 * 400)
+    for _ in range(50):
+        clock.t += 0.01
+        ctl.observe(8, False)
+    est = ctl.stats()["prefill_estimates"]
+    assert est["requests_per_burst"] == 8 and est["output_per_request"] == pytest.approx(50, abs=0.5)
+    assert est["lockstep"] is True  # one burst of 8 in 50 steps: no finish came alone
+
+
+def test_tp_ranks_agree_on_prefill_times():
+    """Prefill forwards are timed locally (rank 1 here 30% slower); their fixed cost enters the
+    decisions only through the agreement, so the ranks decide alike and keep one estimate."""
+    reduce = FakeAllReduce(2)
+    clocks = [Clock(), Clock()]
+    ctls = [Controller(Goodput(sync=reduce.hook(r), sync_every=16), spec="goodput", tp_rank=r, tp_size=2,
+                       sync=reduce.hook(r), clock=clocks[r]) for r in range(2)]
+    rng = random.Random(3)
+    accepted = [[rng.choice((0, 1, 2, 3)) for _ in range(16)] for _ in range(1200)]
+
+    def rank(r):
+        ctl, clock, out = ctls[r], clocks[r], []
+        for i in range(1200):
+            if i % 150 == 0:  # a closed loop of fixed lengths: 16 prompts, two forwards, every 150 steps
+                for n, tokens in ((12, 8192), (4, 2048)):
+                    clock.t += (0.006 + 2e-6 * tokens) * (1.0 + 0.3 * r)
+                    ctl.note_prefill(n, tokens)
+            spec = ctl.decide(16)
+            clock.t += (0.010 if not spec else 0.024) * (1.0 + 0.3 * r)
+            ctl.observe(16, spec, accepted[i] if spec else ())
+            out.append(spec)
+        return out
+
+    got = run_ranks(rank, 2)
+    assert got[0] == got[1]
+    inner = [c.policy.inner for c in ctls]
+    assert inner[0]._pf_fixed == inner[1]._pf_fixed is not None
+    assert inner[0]._pf_fixed == pytest.approx(0.006 * 1.15, rel=0.05)  # the rank-mean intercept
+    assert ctls[0].fallback is None and ctls[1].fallback is None and not reduce.broken

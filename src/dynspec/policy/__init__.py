@@ -77,6 +77,11 @@ class Policy:
     def observe(self, rec: StepRecord) -> None:
         pass
 
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        """A prefill (extend) forward ran between decode steps: `requests` whose prompts it
+        finished and `tokens` prompt tokens (both rank-identical), taking `seconds` (local wall
+        time, not rank-consistent; None when unmeasured)."""
+
     def reason(self, batch_size: int) -> str:
         """Why the current mode; called only when the mode switches."""
         return self.name
@@ -413,6 +418,13 @@ class Goodput(Policy):
     # left, and those that looked bad early stopped being sampled (plain), so it runs high; a
     # request that starts unlucky must not be held plain for its whole life by a few draws.
     SHRINK_MIN = 8.0
+    # Prefill forwards (note_prefill): requests that finish together prefill together, in one
+    # forward's fixed cost; speculation scatters finishes, so each then pays its own.
+    PF_WEIGHT = 0.2  # EMA weight of one prefill forward in the requests per forward
+    OUT_DECAY = 1.0 - 1.0 / 1024  # per prefill forward: output per request forgets over ~1000 of them
+    BURST_STEPS = 512  # decode steps the share of steps after a burst of prompts averages over
+    LOCK_EVERY = 32  # decode steps between lockstep checks without a burst
+    ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_lockstep)
 
     def __init__(
         self,
@@ -489,6 +501,23 @@ class Goodput(Policy):
         # request, and of requests' own means around the population's (empirical Bayes).
         self._var_within: float | None = None
         self._var_between: float | None = None
+        # Prefill forwards: requests whose prompts each finished (EMA over forwards), output tokens
+        # per admitted request (decayed counts), and the agreed durations' sums for the fixed cost
+        # of a forward (least squares of seconds on tokens): n, sum x, sum y, sum xx, sum xy.
+        self._per_prefill: float | None = None
+        self._admitted = self._emitted = 0.0
+        self._pf = [0.0] * 5
+        self._pf_buf = [0.0] * 5  # measured since the last agreement (TP)
+        self._pf_fixed: float | None = None
+        self._refilled = False  # a prefill came after decoding began (a request had finished)
+        # Bursts of prompts: the share of decode steps that follow one (a running mean over the
+        # first BURST_STEPS steps, then an EMA over as many), and requests per burst (EMA).
+        self._burst = 0  # requests in the burst under way (prefills since the last decode step)
+        self._burst_p = 0.0
+        self._burst_n: float | None = None
+        self._decoded = 0
+        self._lock = False  # _lockstep(), as of the last burst or LOCK_EVERY decode steps
+        self._last_b = 0  # the bucket of the last step observed
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
@@ -575,19 +604,68 @@ class Goodput(Policy):
         tp, ts = self.t_est[0][b], self.t_est[1][b]
         return (min(tp, ts) if tp is not None and ts is not None else tp), ts
 
-    def _gain(self, b: int) -> float | None:
+    def _gain(self, b: int, scatter: bool = True) -> float | None:
         """Expected spec/plain goodput ratio in bucket b (speculation's output discounted by the
-        lead), None while unknown."""
+        lead, and by the prefills it scatters unless scatter=False: what the machine alone
+        says, for exploring and borrowing), None while unknown."""
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
-        return (1.0 + acc) * self._discount[b] * tp / ts
+        if not scatter:
+            return (1.0 + acc) * self._discount[b] * tp / ts
+        return self._valued(b, acc, tp, ts) * tp / ts
+
+    def _valued(self, b: int, acc: float, tp: float, ts: float) -> float:
+        """Output per request of a spec step as valued: 1 + acc discounted by the lead and, while
+        finishes come together, by the prefills that scattering them costs (_scatter)."""
+        if not self._lock:  # finishes come apart (or at random): scattering costs nothing
+            return (1.0 + acc) * self._discount[b]
+        return (1.0 + acc) / (1.0 / self._discount[b] + self._scatter(b, acc, tp, ts))
+
+    def _scatter(self, b: int, acc: float, tp: float, ts: float) -> float:
+        """Prefill time a spec step adds by scattering finishes, as a share of the step.
+
+        Requests that finish in the same step prefill their successors in one forward.  Apart
+        from chance, that happens when they move in lockstep (a closed loop of fixed lengths
+        decoding plainly); a spec step advances each request by its own accepted drafts, so
+        finishes then come as if independent: lam = batch x (1 + acc) / output per request of
+        them per step, E = lam / (1 - exp(-lam)) per forward.  Each pays its share of a forward's
+        fixed cost, 1 / E, where now it pays 1 / per_prefill.  The fixed cost is at most a plain
+        step's (a decode forward pays it too)."""
+        fixed, g = self._pf_fixed, self._per_prefill
+        if fixed is None or g is None or self._admitted <= 0.0:
+            return 0.0
+        out = max(self._emitted / self._admitted, 1.0)
+        lam = bucket_mid(b) * (1.0 + acc) / out
+        if not self._refilled:
+            # No request has finished yet: out is only a lower bound.  The cost lam (1/E - 1/g)
+            # is largest at lam = ln g, so take at most that: unsure, err to plain.
+            lam = min(lam, math.log(g))
+        extra = (-math.expm1(-lam) / lam if lam > 1e-9 else 1.0) - 1.0 / g
+        return lam * extra * min(fixed, tp) / ts if extra > 0.0 else 0.0
+
+    def _lockstep(self) -> bool:
+        """Requests finish together far more than chance would have them.  Prompts arrive in
+        bursts (the prefill forwards between two decode steps) of n requests on a share p of
+        decode steps, so n p finish per step.  At random, what a client's round trip (ROUND_TRIP
+        decode steps) gathers into one burst is lam = ROUND_TRIP n p of them, lam / (1 -
+        exp(-lam)) a burst; lockstep is bursts of at least 2 and twice that.  Before any request
+        has finished, every one so far came in the first burst.  (Measured on an H200, C=64:
+        fixed lengths 50 prompts a burst on 0.7% of steps; output lengths 64..128, 3.3 on 16%.)"""
+        p, n = self._burst_p, self._burst_n
+        if n is None or n < 2.0:
+            return False
+        if not self._refilled:
+            return True
+        lam = self.ROUND_TRIP * n * p
+        return n >= 2.0 * (lam / -math.expm1(-lam) if lam > 1e-9 else 1.0)
 
     def _refresh(self, b: int) -> None:
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return
-        acc = (1.0 + acc) * self._discount[b] - 1.0  # tokens per request as valued (lead)
+        # tokens per request as valued (lead, scatter; _valued, inlined for its common case)
+        acc = ((1.0 + acc) * self._discount[b] if not self._lock else self._valued(b, acc, tp, ts)) - 1.0
         g = (1.0 + acc) * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
@@ -599,6 +677,12 @@ class Goodput(Policy):
         lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
         from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
         from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
+        # A probe from plain steps in lockstep (_scatter) splits each group of requests that
+        # finish together into as many as its step's outcomes, for good: a forward's fixed cost
+        # more per extra group and wave, counted here for one wave.
+        per, fixed = self._per_prefill, self._pf_fixed
+        if fixed is not None and per is not None and self._lock:
+            from_plain += (min(per, 2.0 + acc) - 1.0) * min(fixed, tp) / tp
         self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
         self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
 
@@ -654,13 +738,13 @@ class Goodput(Policy):
         n, decisive = len(BUCKET_EDGES), self.BORROW
         for nb in range(b - 1, -1, -1):  # the nearest smaller bucket that knows
             if self._known[nb]:
-                g = self._gain(nb)
+                g = self._gain(nb, scatter=False)
                 if g is not None and g < 1.0 - decisive:
                     return self._seed(b, nb)
                 break
         for nb in range(b + 1, n):  # the nearest larger one
             if self._known[nb]:
-                g = self._gain(nb)
+                g = self._gain(nb, scatter=False)
                 if g is not None and g > 1.0 + decisive:
                     return self._seed(b, nb)
                 break
@@ -668,13 +752,13 @@ class Goodput(Policy):
         # borrowed bound would double it; a resumed step's time is near enough).
         for nb in range(b - 1, -1, -1):
             if self.n_seen[1][nb]:
-                g, low = self._gain(nb), BUCKET_EDGES[nb]  # its estimate holds at batches >= low
+                g, low = self._gain(nb, scatter=False), BUCKET_EDGES[nb]  # its estimate holds at batches >= low
                 if g is not None and g * low / batch_size > 1.0 + decisive:
                     return self._seed(b, nb, batch_size / low)
                 break
         for nb in range(b + 1, n):
             if self.n_seen[1][nb]:
-                g = self._gain(nb)
+                g = self._gain(nb, scatter=False)
                 high = BUCKET_EDGES[nb + 1] - 1 if nb + 1 < n else BUCKET_EDGES[nb]  # ... <= high
                 if g is not None and g * high / batch_size < 1.0 - decisive:
                     return self._seed(b, nb, batch_size / high)
@@ -682,7 +766,7 @@ class Goodput(Policy):
         return False
 
     def _decisive(self, b: int) -> bool:
-        g = self._gain(b)
+        g = self._gain(b, scatter=False)
         return g is not None and abs(g - 1.0) > self.BORROW
 
     def _seed(self, b: int, nb: int, spec_scale: float = 1.0) -> bool:
@@ -707,10 +791,26 @@ class Goodput(Policy):
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
         changed = False
+        self._emitted += bs
+        self._last_b = b
+        d = self._decoded = self._decoded + 1
+        span = d if d < self.BURST_STEPS else self.BURST_STEPS
+        if self._burst:  # the prompts since the last decode step were one burst
+            burst, self._burst = self._burst, 0
+            n = self._burst_n
+            self._burst_n = float(burst) if n is None else n + self.PF_WEIGHT * (burst - n)
+            self._burst_p += (1.0 - self._burst_p) / span
+            self._lock = self._lockstep()
+        else:
+            self._burst_p -= self._burst_p / span
+            if d < self.LOCK_EVERY or d % self.LOCK_EVERY == 0:  # every step of a first wave
+                self._lock = self._lockstep()
         if speculated and accepted:
             k = len(accepted)
             self._batch_acc = None  # the batch's estimate moves with every sample
-            a = sum(accepted) / k
+            total = sum(accepted)
+            self._emitted += total
+            a = total / k
             # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
             # 0..num_steps from step to step, so at batch 1 a step says little.
             w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
@@ -748,6 +848,37 @@ class Goodput(Policy):
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
+
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        g, w = self._per_prefill, self.PF_WEIGHT
+        self._refilled = self._refilled or self._emitted > 0.0  # a prompt after decoding began
+        self._burst += requests
+        self._per_prefill = float(requests) if g is None else g + w * (requests - g)
+        d = self.OUT_DECAY
+        self._admitted = self._admitted * d + requests
+        self._emitted *= d
+        if seconds is not None and self.use_times and 0.0 < seconds and tokens > 0:
+            x = float(tokens)
+            sums = self._pf_buf if self._buffer_times else self._pf
+            for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
+                sums[i] += v
+            if not self._buffer_times:
+                self._fit_prefill()
+        self._refresh(self._last_b)  # the bucket the next steps most likely run in
+
+    def _fit_prefill(self) -> None:
+        """A prefill forward's fixed cost: the intercept of seconds on tokens, or, while the
+        forwards seen all hold about as many tokens, their mean duration (an upper bound)."""
+        n, sx, sy, sxx, sxy = self._pf
+        if n <= 0:
+            return
+        mx, my = sx / n, sy / n
+        var = sxx / n - mx * mx
+        if n >= 2 and var > (0.05 * mx) ** 2:
+            slope = (sxy / n - mx * my) / var
+            self._pf_fixed = min(max(my - slope * mx, 0.0), my)
+        else:
+            self._pf_fixed = my
 
     def _track(self, rids: Sequence[Hashable], accepted: Sequence[int]) -> None:
         """Add a step's accepted drafts to each request's own (the batch's estimate follows lazily)."""
@@ -789,17 +920,25 @@ class Goodput(Policy):
         self._self_sync, self._buffer_times = False, True
 
     def sync_values(self) -> list[float]:
-        """Step-time sums and counts measured since the last agreement, [kind][bucket]."""
+        """Step-time sums and counts measured since the last agreement, [kind][bucket], then the
+        timed prefill forwards' sums (count, tokens, seconds, tokens^2, tokens x seconds)."""
         cnt = self._t_cnt
-        return [*self._t_sum[0], *self._t_sum[1], *self._t_sum[2], *(float(c) for row in cnt for c in row)]
+        return [*self._t_sum[0], *self._t_sum[1], *self._t_sum[2], *(float(c) for row in cnt for c in row),
+                *self._pf_buf]
 
     def sync_apply(self, agreed: list[float]) -> None:
         """Fold the agreed step times into the estimates.  Counts are agreed like the sums
         (each rank drops intervals it cannot trust on its own), and the agreed sums are
         divided by the agreed counts: every rank folds the same means with the same weights."""
-        n = len(BUCKET_EDGES)
-        if len(agreed) != 6 * n:
-            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {6 * n}")
+        n, k = len(BUCKET_EDGES), len(self._pf_buf)
+        if len(agreed) != 6 * n + k:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {6 * n + k}")
+        if agreed[6 * n] > 0:  # timed prefill forwards: fold the rank-mean sums into the fit
+            for i in range(k):
+                self._pf[i] += agreed[6 * n + i]
+            self._fit_prefill()
+            self._refresh(self._last_b)
+        self._pf_buf = [0.0] * k
         for kind in (0, 1, 2):
             for b in range(n):
                 c = agreed[(3 + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
@@ -812,7 +951,8 @@ class Goodput(Policy):
     def state_key(self) -> tuple:
         # The discrete state decisions follow (estimates enter through _choice and _interval).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
-                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again)
+                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again,
+                self._lock)
 
     def estimates(self) -> dict:
         """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
@@ -828,6 +968,19 @@ class Goodput(Policy):
                                "resume_ms": round(1000 * self._t_resume[b], 3),
                                "speculate": self._choice[b]}
         return out
+
+    def prefill_estimates(self) -> dict:
+        """What it reads from prefill forwards (note_prefill): their fixed cost, requests per
+        forward and per burst, the share of decode steps after a burst, output per request, and
+        whether finishes come in lockstep (then speculation pays for scattering them)."""
+        def r(x: float | None, k: int = 3) -> float | None:
+            return None if x is None else round(x, k)
+
+        return {"fixed_ms": r(None if self._pf_fixed is None else 1000 * self._pf_fixed),
+                "requests_per_prefill": r(self._per_prefill), "requests_per_burst": r(self._burst_n),
+                "steps_after_a_burst": r(self._burst_p, 4),
+                "output_per_request": r(self._emitted / self._admitted if self._admitted else None, 1),
+                "lockstep": self._lock}
 
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)
@@ -881,6 +1034,9 @@ class FailSafePolicy(Policy):
 
     def observe(self, rec: StepRecord) -> None:
         self._guarded("observe", self.inner.observe, rec)
+
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        self._guarded("note_prefill", lambda a: self.inner.note_prefill(*a), (requests, tokens, seconds))
 
     def reason(self, batch_size: int) -> str:
         if self.failed:

@@ -170,6 +170,8 @@ class Controller:
         self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
         self.kv_only_prefills = 0  # prefills in a plain stretch: the draft wrote its KV only
         self.steps_with_requests = 0  # decisions told which requests the step runs (per-request acceptance)
+        self.prefills = 0  # prefill (extend) results the policy was told of (note_prefill)
+        self.prompts_prefilled = 0  # requests whose prompts those finished
         self.mode = "spec"  # the server starts speculating, as configured
         self.last_switch: dict | None = None
         self._spec_steps_observed = 0
@@ -178,6 +180,7 @@ class Controller:
 
         self._last_obs_t: float | None = None
         self._skip_intervals = 1  # the first interval has no start
+        self._other_launched: float | None = None  # when note_other_forward last came
         self._lock = threading.Lock()  # stats() may be read from another thread
         self._prom = None
 
@@ -247,8 +250,31 @@ class Controller:
         self.kv_only_prefills += 1
 
     def note_other_forward(self) -> None:
-        """A prefill/extend batch ran: the next two result intervals are not decode step times."""
+        """A prefill/extend batch was launched: the next two result intervals are not decode
+        step times (the one before it, and its own)."""
         self._skip_intervals = 2
+        self._other_launched = self._clock()
+
+    def note_prefill(self, requests: int, tokens: int) -> None:
+        """A prefill (extend) batch's result: `requests` whose prompts it finished and its
+        `tokens` (both rank-identical).  Its time runs from the previous result, or from its
+        launch when that came later (after an idle pause), to now; the next decode step's
+        interval starts here."""
+        now = self._clock()
+        seconds = None
+        if self._last_obs_t is not None:
+            start = self._last_obs_t
+            if self._other_launched is not None and self._other_launched > start:
+                start = self._other_launched
+            dt = now - start
+            if 0.0 < dt <= MAX_STEP_TIME_S:
+                seconds = dt
+        self._skip_intervals = max(self._skip_intervals - 1, 0)
+        self._last_obs_t = now
+        self.prefills += 1
+        self.prompts_prefilled += requests
+        if not self.fallback:
+            self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None)
 
     def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = (),
                 reqs: Sequence | None = None) -> None:
@@ -357,6 +383,8 @@ class Controller:
             "resumes": self.resumes,
             "kv_only_prefills": self.kv_only_prefills,
             "steps_with_requests": self.steps_with_requests,
+            "prefills": self.prefills,
+            "prompts_prefilled": self.prompts_prefilled,
             "policy_failed": bool(getattr(self.policy, "failed", False)),
             "fallback": self.fallback,
             "plain_step": self.plain_step_kind,
@@ -371,6 +399,8 @@ class Controller:
             "last_switch": last,
             # What the policy believes, per batch-size bucket (goodput): why it decides as it does.
             "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
+            # What it reads from prefill forwards: whether finishes come in lockstep (goodput).
+            "prefill_estimates": _estimates(getattr(self.policy, "inner", self.policy), "prefill_estimates"),
         }
 
     def enable_prometheus(self, labels: Mapping[str, str] | None = None, registry=None) -> bool:
@@ -512,9 +542,9 @@ def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
     return ctl
 
 
-def _estimates(policy) -> dict | None:
-    """A policy's per-bucket estimates for /get_server_info, or None if it keeps none."""
-    est = getattr(policy, "estimates", None)
+def _estimates(policy, method: str = "estimates") -> dict | None:
+    """A policy's estimates for /get_server_info (its `method`), or None if it keeps none."""
+    est = getattr(policy, method, None)
     try:
         return est() if callable(est) else None
     except Exception:  # noqa: BLE001 - reporting must never break serving

@@ -287,6 +287,8 @@ class Engine:
         finished: list[Request] = []
         for req in done:
             self._emit_first(req, end, finished)
+        if self.policy is not None:
+            self.policy.note_prefill(len(done), tokens, duration)
         st = self.stats
         st.steps_prefill += 1
         st.prompt_tokens += tokens

@@ -1,0 +1,106 @@
+"""goodput and the lockstep of a closed loop of fixed lengths (note_prefill).
+
+Requests that finish in the same step prefill their successors in one forward; a plain server
+running fixed lengths keeps them together for good, and one speculative step scatters them
+(each request advances by its own accepted drafts), so from then on every finish pays a
+forward's fixed cost of its own.  goodput reads the bursts of prompts between decode steps and
+charges speculation that cost while finishes come together, and only then."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dynspec.analysis.family import level_requests, member
+from dynspec.policy import Goodput, Policy
+from dynspec.sim.run import simulate_level
+
+
+def _level(m, c, arm, range_ratio=1.0):
+    out = []
+    metrics, _ = simulate_level(m.profile(), arm, c, engine_out=out, **level_requests(m, c, range_ratio))
+    return metrics["output_throughput"], out[0]
+
+
+@pytest.fixture
+def blind(monkeypatch):
+    """The control: goodput as it was before it read prefill forwards."""
+    def run(*a, **k):
+        with monkeypatch.context() as mp:
+            mp.setattr(Goodput, "note_prefill", Policy.note_prefill)
+            return _level(*a, **k)
+    return run
+
+
+def test_speculation_pays_for_breaking_a_lockstep(blind):
+    # Member 0:135 at C=64: per step speculation and plain are about even, but EAGLE-3's
+    # scattered finishes pay 20x the prefill forwards of the plain server's lockstep.
+    m, c = member(0, 135), 64
+    never, plain = _level(m, c, "policy:never")
+    eagle3, e3 = _level(m, c, "eagle3")
+    seeing, eng = _level(m, c, "dynamic")
+    control, ctl_eng = blind(m, c, "dynamic")
+    assert eagle3 < 0.9 * never and e3.stats.steps_prefill > 10 * plain.stats.steps_prefill
+    assert seeing >= 0.97 * never and seeing >= 1.05 * control
+    assert eng.policy.prefill_estimates()["lockstep"] is True
+    assert eng.stats.steps_prefill < ctl_eng.stats.steps_prefill / 2
+
+
+def test_varied_lengths_are_not_charged(blind):
+    # The same member with output lengths in [0.5, 1] x: finishes scatter in either mode, so
+    # once they do, goodput charges speculation nothing and does as well as before.
+    m, c = member(0, 135), 64
+    seeing, eng = _level(m, c, "dynamic", 0.5)
+    control, _ = blind(m, c, "dynamic", 0.5)
+    assert eng.policy.prefill_estimates()["lockstep"] is False
+    assert seeing >= 0.99 * control
+
+
+def test_a_prefill_forwards_fixed_cost_is_the_intercept():
+    p = Goodput()
+    for tokens in (8192, 8192, 1400, 8192, 400):
+        p.note_prefill(tokens // 400, tokens, 0.005 + 2e-6 * tokens)
+    assert p.prefill_estimates()["fixed_ms"] == pytest.approx(5.0, rel=1e-6)
+    same = Goodput()
+    for _ in range(3):
+        same.note_prefill(8, 3200, 0.012)
+    assert same.prefill_estimates()["fixed_ms"] == pytest.approx(12.0)  # one size: the whole forward, a bound
+    noisy = Goodput()
+    for tokens, s in ((400, 0.010), (8000, 0.009)):  # longer but not slower: no negative per-token cost
+        noisy.note_prefill(1, tokens, s)
+    assert 0.0 <= noisy.prefill_estimates()["fixed_ms"] <= 9.5
+
+
+def _stream(policy, steps, finishes):
+    """Plain decode steps of 32 requests; before step i, finishes(i) prompts arrive in one burst."""
+    for i in range(steps):
+        n = finishes(i)
+        if n:
+            policy.note_prefill(n, 300 * n, 0.004 + 1e-6 * 300 * n)
+        policy.observe(_plain(32))
+
+
+def _plain(bs):
+    from dynspec.policy import StepRecord
+
+    return StepRecord(bs, False, (), 0.01)
+
+
+def test_lockstep_is_bursts_far_rarer_than_chance():
+    rng = random.Random(1)
+    lock, loose, gathered = Goodput(), Goodput(), Goodput()
+    _stream(lock, 2000, lambda i: 32 if i % 200 == 0 else 0)  # all 32 finish together every 200 steps
+    # the same 0.16 finishes per step, each at random
+    _stream(loose, 2000, lambda i: 32 if i == 0 else sum(rng.random() < 0.16 / 32 for _ in range(32)))
+    # 0.6 per step at random, their successors arriving together every 5 steps (a real client's
+    # round trip; an H200 at C=64 with varied lengths gave 3.3 prompts a burst on 16% of steps)
+    _stream(gathered, 2000, lambda i: 32 if i == 0 else (sum(rng.random() < 0.6 / 32 for _ in range(5 * 32))
+                                                         if i % 5 == 0 else 0))
+    assert lock.prefill_estimates()["lockstep"] is True
+    assert loose.prefill_estimates()["lockstep"] is False
+    assert gathered.prefill_estimates()["lockstep"] is False
+    assert lock.prefill_estimates()["output_per_request"] == pytest.approx(200, rel=0.1)
+    half = Goodput()  # a wave split in two halves (a speculative step's outcomes) is still in step
+    _stream(half, 2000, lambda i: 16 if i % 200 in (0, 3) else 0)
+    assert half.prefill_estimates()["lockstep"] is True
