@@ -650,8 +650,9 @@ class Goodput(Policy):
         decode steps, so n p finish per step.  At random, what a client's round trip (ROUND_TRIP
         decode steps) gathers into one burst is lam = ROUND_TRIP n p of them, lam / (1 -
         exp(-lam)) a burst; lockstep is bursts of at least 2 and twice that.  Before any request
-        has finished, every one so far came in the first burst.  (Measured on an H200, C=64:
-        fixed lengths 50 prompts a burst on 0.7% of steps; output lengths 64..128, 3.3 on 16%.)"""
+        has finished, every one so far came in the first burst.  (Measured on an H200, C=64,
+        data/measured/h200-llama8b-lockstep*: fixed lengths 50 prompts a burst on 0.7% of
+        steps; output lengths 64..128, 5.8 on 17%.)"""
         p, n = self._burst_p, self._burst_n
         if n is None or n < 2.0:
             return False
