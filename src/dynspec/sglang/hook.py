@@ -255,22 +255,24 @@ class Controller:
         self._skip_intervals = 2
         self._other_launched = self._clock()
 
+    def _interval(self, start: float | None) -> float | None:
+        """Seconds from start (None: untimed) to this result, if a plausible forward's time (an
+        idle pause is not); this result starts the next interval and uses up one skip."""
+        now = self._clock()
+        dt = None if start is None else now - start
+        self._skip_intervals = max(self._skip_intervals - 1, 0)
+        self._last_obs_t = now
+        return dt if dt is not None and 0.0 < dt <= MAX_STEP_TIME_S else None
+
     def note_prefill(self, requests: int, tokens: int) -> None:
         """A prefill (extend) batch's result: `requests` whose prompts it finished and its
         `tokens` (both rank-identical).  Its time runs from the previous result, or from its
         launch when that came later (after an idle pause), to now; the next decode step's
         interval starts here."""
-        now = self._clock()
-        seconds = None
-        if self._last_obs_t is not None:
-            start = self._last_obs_t
-            if self._other_launched is not None and self._other_launched > start:
-                start = self._other_launched
-            dt = now - start
-            if 0.0 < dt <= MAX_STEP_TIME_S:
-                seconds = dt
-        self._skip_intervals = max(self._skip_intervals - 1, 0)
-        self._last_obs_t = now
+        start = self._last_obs_t
+        if start is not None and self._other_launched is not None and self._other_launched > start:
+            start = self._other_launched
+        seconds = self._interval(start)
         self.prefills += 1
         self.prompts_prefilled += requests
         if not self.fallback:
@@ -280,14 +282,7 @@ class Controller:
                 reqs: Sequence | None = None) -> None:
         """Feed one decode step's outcome (accepted draft tokens per request, in the order of reqs,
         the step's requests when the caller has them) to the policy."""
-        now = self._clock()
-        step_time = None
-        if self._last_obs_t is not None and self._skip_intervals <= 0:
-            dt = now - self._last_obs_t
-            if 0.0 < dt <= MAX_STEP_TIME_S:
-                step_time = dt
-        self._skip_intervals = max(self._skip_intervals - 1, 0)
-        self._last_obs_t = now
+        step_time = self._interval(self._last_obs_t if self._skip_intervals <= 0 else None)
         if speculated:
             self._spec_steps_observed += 1
             if accepted:
