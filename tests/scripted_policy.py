@@ -6,9 +6,10 @@ from dynspec.policy import Policy
 class Scripted(Policy):
     name = "scripted"
 
-    def __init__(self, modes, requests_up_to: int = 0):
+    def __init__(self, modes, requests_up_to: int = 0, wants: bool = False):
         self.modes, self.records = list(modes), []
         self.requests_up_to, self.batches = requests_up_to, []
+        self.wants = wants  # ask for a speculative step's ids above requests_up_to too
         self.prefills = []  # (requests, tokens, seconds) per note_prefill
 
     def set_batch(self, requests):
@@ -16,6 +17,9 @@ class Scripted(Policy):
 
     def decide(self, batch_size):
         return self.modes.pop(0)
+
+    def wants_requests(self, batch_size):
+        return self.wants or super().wants_requests(batch_size)
 
     def observe(self, rec):
         self.records.append(rec)

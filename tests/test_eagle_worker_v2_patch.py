@@ -782,6 +782,15 @@ def test_the_policy_learns_which_requests_each_step_runs(sg, env):
     w, _ = make_worker(sg, sg.ew, env, small)
     drive(sg, w, 1, reqs=rids)
     assert small.batches == [None] and w.dynspec.stats()["steps_with_requests"] == 0
+    # ... unless it asks for a speculative step's ids (wants_requests: goodput's pairs of steps)
+    asks = Scripted([True], requests_up_to=2, wants=True)
+    w, _ = make_worker(sg, sg.ew, env, asks)
+    (_inp, res), = drive(sg, w, 1, reqs=rids)
+    reqs = [SimpleNamespace(rid=r.rid, kv_committed_len=0, spec_verify_ct=0, spec_accepted_tokens=0,
+                            update_spec_acceptance_histogram=lambda n: None) for r in rids]
+    sg.opm.SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids(
+        SimpleNamespace(draft_worker=w), res, SimpleNamespace(reqs=reqs))
+    assert asks.batches == [None] and list(asks.records[-1].requests) == ["r0", "r1", "r2"]
 
 
 def test_server_info_reports_the_counters(sg, env):

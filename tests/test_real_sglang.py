@@ -153,6 +153,10 @@ def test_counters_follow_each_policy(runs):
         assert c["prompts_prefilled"] >= len(LEVELS) * N_PROMPTS and 0 < c["prefills"] <= c["prompts_prefilled"], arm
     est = good["prefill_estimates"]
     assert est["requests_per_burst"] >= 1 and est["output_per_request"] > 1 and est["fixed_ms"] > 0, est
+    # how requests differ in acceptance, learned from pairs of speculative steps (goodput)
+    acc = good["acceptance_estimates"]
+    assert set(acc) == {"between_requests_variance", "requests_compared", "speculating_share"}, acc
+    assert 0.0 <= acc["speculating_share"] <= 1.0 and acc["requests_compared"] >= 0, acc
 
 
 def test_unset_policy_is_the_upstream_path(runs):

@@ -74,6 +74,12 @@ class Policy:
     def decide(self, batch_size: int) -> bool:
         raise NotImplementedError
 
+    def wants_requests(self, batch_size: int) -> bool:
+        """Whether the next speculative step's StepRecord should carry its requests' ids (a
+        caller building them costs O(batch)): always up to requests_up_to, and above it when the
+        policy asks (Goodput, now and then, to learn how requests differ)."""
+        return batch_size <= self.requests_up_to
+
     def observe(self, rec: StepRecord) -> None:
         pass
 
@@ -425,6 +431,10 @@ class Goodput(Policy):
     BURST_STEPS = 512  # decode steps the share of steps after a burst of prompts averages over
     LOCK_EVERY = 32  # decode steps between lockstep checks without a burst
     ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_lockstep)
+    PAIR_EVERY = 16  # speculative steps between two samples of how requests differ (_pair_sample)
+    PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (30 pairs at batch 32)
+    PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
+    REGIME_STEPS_MIN = 8  # the regime's EMA spans at least this many decode steps
 
     def __init__(
         self,
@@ -497,10 +507,22 @@ class Goodput(Policy):
         self._batch: Sequence[Hashable] | None = None
         self._batch_bucket = -1
         self._batch_acc: float | None = None  # the batch's estimate, while no step changed it
-        # Learned from requests that left: the variance of one step's accepted drafts within a
-        # request, and of requests' own means around the population's (empirical Bayes).
+        # The variance of one step's accepted drafts within a request, learned from requests that
+        # left; and of requests' own means around the population's (empirical Bayes, _settled),
+        # from those and from pairs of speculative steps at any batch size (_pair_sample).
         self._var_within: float | None = None
         self._var_between: float | None = None
+        # Survivorship (_settled): the share of recent steps that speculated (an EMA over about
+        # half a request's life: the regime the batch was formed in), per bucket the regime its
+        # acceptance samples came from, and pairs of speculative steps (_pair_sample).
+        self._pair: dict | None = None  # accepted drafts by request id at the first step of a pair
+        self._pair_at = 0  # the speculative step (counted in _spec_steps) at which the next pair opens
+        self._spec_steps = 0
+        self._pair_df = 0  # requests the pairs so far compared
+        self._f = 0.0
+        self._f_w = 1.0 / self.REGIME_STEPS_MIN
+        self._f_acc = [0.0] * n
+        self._f_global = 1.0 if profile is not None else 0.0  # a profile's accept length is SGLang's, measured speculating
         # Prefill forwards: requests whose prompts each finished (EMA over forwards), output tokens
         # per admitted request (decayed counts), and the agreed durations' sums for the fixed cost
         # of a forward (least squares of seconds on tokens): n, sum x, sum y, sum xx, sum xy.
@@ -544,28 +566,48 @@ class Goodput(Policy):
         pop, batch = self._population(b), self._batch
         if batch is None or b != self._batch_bucket or pop is None:
             return pop
-        # The batch's own requests: each one's mean so far, shrunk to the population's by its
+        # The batch's own requests: each one's mean so far, shrunk to the arrivals' by its
         # steps n as n / (n + S), S = within- over between-request variance.  Requests alike
         # (S large) lean on the population; unlike ones soon on their own, so a hard request
         # at C=1 switches speculation off within its life, and its successor starts afresh.
+        # (Seen one by one, the batch is what it is: no lingering to correct for, _settled.)
         wi, bt = self._var_within, self._var_between
         if wi is None or bt is None or bt <= 0.0:
             return pop
         if self._batch_acc is None:
+            arrivals = self._population(b, 0.0)
+            mean = pop if arrivals is None else arrivals
             shrink, req, total = max(wi / bt, self.SHRINK_MIN), self._req, 0.0
             for rid in batch:
                 s = req.get(rid)
-                total += pop if s is None else (s[0] + shrink * pop) / (s[2] + shrink)
+                total += mean if s is None else (s[0] + shrink * mean) / (s[2] + shrink)
             self._batch_acc = total / len(batch)
         return self._batch_acc
 
-    def _population(self, b: int) -> float | None:
-        """Accepted drafts per request in bucket b, over whichever requests ran there."""
+    def _population(self, b: int, regime: float = 1.0) -> float | None:
+        """Accepted drafts per request in bucket b over whichever requests ran there, in a batch
+        formed while a share `regime` of steps speculate (_settled): by default as they settle
+        while speculating steadily."""
         a, g = self.acc_est[b], self.acc_global
         if a is None or g is None:
-            return g if a is None else a
-        k = self.n_acc[b]
-        return (k * a + self.SHRINK * g) / (k + self.SHRINK)
+            return g if a is None else self._settled(a, self._f_acc[b], regime)
+        k, s = self.n_acc[b], self.SHRINK
+        return self._settled((k * a + s * g) / (k + s), (k * self._f_acc[b] + s * self._f_global) / (k + s), regime)
+
+    def _settled(self, a: float, f: float, regime: float = 1.0) -> float:
+        """Accepted drafts per request per step in a batch formed while a share `regime` of steps
+        speculate, from a mean a sampled while a share f did.  Requests differ (variance v of
+        their own means m); each stays for its output over the tokens it gains per step, so the
+        batch holds requests in proportion to 1 / (1 + f (m - 1)): under plain steps (f = 0) as
+        they arrive, mean mu; steadily speculating (f = 1) the slow ones linger, and the batch's
+        mean falls to the harmonic mean; to second order mu - f v / (1 + f (mu - 1)).  A probe
+        from plain sees the arrivals' mean: without this, speculation looks better than it will
+        be."""
+        v = self._var_between
+        if v is None or v <= 0.0 or f == regime:
+            return a
+        mu = 1.0 + a + f * v / (1.0 + f * a)
+        return max(mu - regime * v / (1.0 + regime * (mu - 1.0)) - 1.0, 0.0)
 
     def set_batch(self, requests: Sequence[Hashable] | None) -> None:
         n = 0 if requests is None else len(requests)
@@ -579,7 +621,7 @@ class Goodput(Policy):
         if len(self._req) > n + 4:  # requests that left: learn the spread from them, then forget
             keep = set(requests)
             gone = [rid for rid in self._req if rid not in keep]
-            pop = self._population(b)
+            pop = self._population(b, 0.0)  # own means spread around the arrivals' mean
             for rid in gone:
                 self._depart(self._req.pop(rid), pop)
         if self._var_between is not None:
@@ -676,6 +718,16 @@ class Goodput(Policy):
         # probes from coming every few steps where the two modes are tied.
         lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
         from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
+        if self._var_between and self._batch_bucket != b:
+            # Between requests that differ, a probe in a batch formed mostly plain sees the
+            # arrivals' mix and may gain where steady speculation would lose: then probing as
+            # often as allowed speculates on a share of steps (at most 1 / PROBE_MIN) whose
+            # batch keeps the arrivals' mix, which beats either mode alone.
+            now = self._population(b, self._f)
+            if now is not None:
+                now = (1.0 + now) * self._discount[b] if not self._lock else self._valued(b, now, tp, ts)
+                if now * tp > ts + r:
+                    from_plain = 0.0
         from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
         # A probe from plain steps in lockstep (_scatter) splits each group of requests that
         # finish together into as many as its step's outcomes, for good: a forward's fixed cost
@@ -793,6 +845,8 @@ class Goodput(Policy):
         changed = False
         self._emitted += bs
         self._last_b = b
+        if self._refilled:  # until a request leaves, the batch holds requests as they arrived
+            self._f += (m - self._f) * self._f_w
         d = self._decoded = self._decoded + 1
         span = d if d < self.BURST_STEPS else self.BURST_STEPS
         if self._burst:  # the prompts since the last decode step were one burst
@@ -831,8 +885,15 @@ class Goodput(Policy):
             wb, wg = max(w, 1.0 / self.n_acc[b]), max(w, 1.0 / self._n_acc_global)
             self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
             self.acc_global = a if g is None else g + wg * (a - g)
-            if rids is not None and len(rids) == k <= self.PER_REQUEST_MAX:
-                self._track(rids, accepted)
+            f = self._f
+            self._f_acc[b] = f if prev is None else self._f_acc[b] + wb * (f - self._f_acc[b])
+            self._f_global = f if g is None else self._f_global + wg * (f - self._f_global)
+            self._spec_steps += 1
+            if rids is not None and len(rids) == k:
+                if k <= self.PER_REQUEST_MAX:
+                    self._track(rids, accepted)
+                if self._spec_steps > self._pair_at:
+                    self._pair_sample(rids, accepted)
             changed = True
         if t is not None and self.use_times:
             kind = 2 if speculated and self._prev_spec is False else m
@@ -849,6 +910,39 @@ class Goodput(Policy):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
 
+    def wants_requests(self, batch_size: int) -> bool:
+        return batch_size <= self.PER_REQUEST_MAX or self._spec_steps >= self._pair_at
+
+    def _pair_sample(self, rids: Sequence[Hashable], accepted: Sequence[int]) -> None:
+        """How much requests differ, from two speculative steps: across the requests in both,
+        the covariance of their accepted drafts is the variance of their own means (a request's
+        luck in one step says nothing of the next).  Every PAIR_EVERY speculative steps, at
+        O(batch) cost then."""
+        prev = self._pair
+        if prev is None:
+            self._pair = dict(zip(rids, accepted))
+            return
+        self._pair, self._pair_at = None, max(self._pair_at + self.PAIR_EVERY, self._spec_steps)
+        n = sx = sy = sxy = 0
+        for rid, y in zip(rids, accepted):
+            x = prev.get(rid)
+            if x is not None:
+                n += 1
+                sx += x
+                sy += y
+                sxy += x * y
+        if n < 2:
+            return
+        cov = (sxy - sx * sy / n) / (n - 1)
+        # One step's draws are noisy (a product of two of them per request), so a pair weighs
+        # PAIR_WEIGHT per request, and the first ones their mean with PAIR_PRIOR requests'
+        # worth of no spread at all: a few small batches must not make up a spread that would
+        # cut the value of speculating (_settled) by half.
+        self._pair_df += n - 1
+        w = max(1.0 - (1.0 - self.PAIR_WEIGHT) ** (n - 1), (n - 1) / (self._pair_df + self.PAIR_PRIOR))
+        v = self._var_between or 0.0
+        self._var_between = v + w * (cov - v)
+
     def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
         g, w = self._per_prefill, self.PF_WEIGHT
         self._refilled = self._refilled or self._emitted > 0.0  # a prompt after decoding began
@@ -857,6 +951,11 @@ class Goodput(Policy):
         d = self.OUT_DECAY
         self._admitted = self._admitted * d + requests
         self._emitted *= d
+        # The regime's span: half a request's life in decode steps (its output over the tokens a
+        # step gives it), so the share f describes the requests in the batch now.
+        g = self.acc_global or 0.0
+        life = self._emitted / self._admitted / (1.0 + self._f * g)
+        self._f_w = 1.0 / max(self.REGIME_STEPS_MIN, 0.5 * life)
         if seconds is not None and self.use_times and 0.0 < seconds and tokens > 0:
             x = float(tokens)
             sums = self._pf_buf if self._buffer_times else self._pf
@@ -982,6 +1081,14 @@ class Goodput(Policy):
                 "output_per_request": r(self._emitted / self._admitted if self._admitted else None, 1),
                 "lockstep": self._lock}
 
+    def acceptance_estimates(self) -> dict:
+        """How requests differ and the regime the batch formed in (_settled): the variance of
+        requests' own mean accepted drafts, the requests compared in pairs of speculative steps
+        (_pair_sample), and the share of recent steps that speculated."""
+        v = self._var_between
+        return {"between_requests_variance": None if v is None else round(v, 4),
+                "requests_compared": self._pair_df, "speculating_share": round(self._f, 3)}
+
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)
         g = self._gain(b)
@@ -1031,6 +1138,15 @@ class FailSafePolicy(Policy):
         except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
             self.fail("decide", exc)
             return True
+
+    def wants_requests(self, batch_size: int) -> bool:
+        if self.failed:
+            return False
+        try:
+            return bool(self.inner.wants_requests(batch_size))
+        except Exception as exc:  # noqa: BLE001
+            self.fail("wants_requests", exc)
+            return False
 
     def observe(self, rec: StepRecord) -> None:
         self._guarded("observe", self.inner.observe, rec)

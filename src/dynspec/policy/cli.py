@@ -34,7 +34,7 @@ def bench_stream(steps: int, seed: int = 0, max_batch: int = 128,
 
 def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None = None) -> list[float]:
     """Per-step times in microseconds of what a server calls: set_batch (for a policy that tracks
-    requests), decide and observe."""
+    requests), decide, wants_requests after a speculative decision, and observe."""
     policy = build_policy(spec)
     stream = bench_stream(steps, seed, batch=batch)
     clock = time.perf_counter_ns
@@ -46,6 +46,8 @@ def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None
         if up_to:
             policy.set_batch(ids)
         spec_now = policy.decide(bs)
+        if spec_now and ids is None and policy.wants_requests(bs):  # the caller's list is prebuilt here
+            ids = rids
         policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t, ids if spec_now else None))
         samples.append((clock() - t0) / 1000.0)
     return samples[steps // 10:]  # drop warm-up

@@ -113,11 +113,11 @@ def catch_up_window(env: Mapping[str, str] | None = None, log=None) -> int:
     return window
 
 
-def _request_ids(reqs: Sequence, up_to: int) -> list | None:
-    """The requests' rids when there are at most up_to of them; None otherwise, or when a
+def _request_ids(reqs: Sequence, up_to: int | None = None) -> list | None:
+    """The requests' rids (when there are at most up_to of them); None otherwise, or when a
     request has none (the policy's population estimate stands: the server must not fail here)."""
     try:
-        return [r.rid for r in reqs] if 0 < len(reqs) <= up_to else None
+        return [r.rid for r in reqs] if 0 < len(reqs) and (up_to is None or len(reqs) <= up_to) else None
     except Exception:  # noqa: BLE001 - a batch of objects without rid
         return None
 
@@ -290,8 +290,9 @@ class Controller:
                 self._accepted_n += len(accepted)
         if self.fallback:
             return
-        rids = _request_ids(reqs, self.policy.requests_up_to) if speculated and reqs is not None else None
-        self.policy.observe(
+        pol = self.policy
+        rids = _request_ids(reqs) if speculated and reqs is not None and pol.wants_requests(batch_size) else None
+        pol.observe(
             StepRecord(
                 batch_size,
                 speculated,
@@ -396,6 +397,8 @@ class Controller:
             "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
             # What it reads from prefill forwards: whether finishes come in lockstep (goodput).
             "prefill_estimates": _estimates(getattr(self.policy, "inner", self.policy), "prefill_estimates"),
+            # How requests differ in acceptance, and the regime the batch formed in (goodput).
+            "acceptance_estimates": _estimates(getattr(self.policy, "inner", self.policy), "acceptance_estimates"),
         }
 
     def enable_prometheus(self, labels: Mapping[str, str] | None = None, registry=None) -> bool:

@@ -346,6 +346,8 @@ class Engine:
             st.spec_request_steps += bs
             st.spec_tokens += emitted
             st.tokens_out += emitted
+            if rids is None and policy is not None and policy.wants_requests(bs):
+                rids = [r.rid for r in running]
             rec = StepRecord(bs, True, accepted, duration, rids)
         else:
             for req in running:
