@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import operator
 import zlib
 from typing import TYPE_CHECKING, Any, Callable, Hashable, NamedTuple, Sequence
 
@@ -515,7 +516,7 @@ class Goodput(Policy):
         # Survivorship (_settled): the share of recent steps that speculated (an EMA over about
         # half a request's life: the regime the batch was formed in), per bucket the regime its
         # acceptance samples came from, and pairs of speculative steps (_pair_sample).
-        self._pair: dict | None = None  # accepted drafts by request id at the first step of a pair
+        self._pair: tuple | None = None  # (request ids, accepted drafts) at the first step of a pair
         self._pair_at = 0  # the speculative step (counted in _spec_steps) at which the next pair opens
         self._spec_steps = 0
         self._pair_df = 0  # requests the pairs so far compared
@@ -718,7 +719,7 @@ class Goodput(Policy):
         # probes from coming every few steps where the two modes are tied.
         lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
         from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
-        if self._var_between and self._batch_bucket != b:
+        if not self._choice[b] and self._var_between and self._batch_bucket != b:
             # Between requests that differ, a probe in a batch formed mostly plain sees the
             # arrivals' mix and may gain where steady speculation would lose: then probing as
             # often as allowed speculates on a share of steps (at most 1 / PROBE_MIN) whose
@@ -920,17 +921,22 @@ class Goodput(Policy):
         O(batch) cost then."""
         prev = self._pair
         if prev is None:
-            self._pair = dict(zip(rids, accepted))
+            self._pair = (rids, accepted)
             return
         self._pair, self._pair_at = None, max(self._pair_at + self.PAIR_EVERY, self._spec_steps)
-        n = sx = sy = sxy = 0
-        for rid, y in zip(rids, accepted):
-            x = prev.get(rid)
-            if x is not None:
-                n += 1
-                sx += x
-                sy += y
-                sxy += x * y
+        prev_rids, prev_acc = prev
+        if prev_rids == rids:  # the same requests in the same order (most pairs): sums at C speed
+            n, sx, sy, sxy = len(rids), sum(prev_acc), sum(accepted), sum(map(operator.mul, prev_acc, accepted))
+        else:
+            before = dict(zip(prev_rids, prev_acc))
+            n = sx = sy = sxy = 0
+            for rid, y in zip(rids, accepted):
+                x = before.get(rid)
+                if x is not None:
+                    n += 1
+                    sx += x
+                    sy += y
+                    sxy += x * y
         if n < 2:
             return
         cov = (sxy - sx * sy / n) / (n - 1)
