@@ -395,7 +395,9 @@ class Goodput(Policy):
     request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain, the lead in full from
     `lead_batch` requests and in proportion below.  Up to PER_REQUEST_MAX requests, told their
     ids (set_batch, StepRecord.requests), it estimates a batch's acceptance from its own
-    requests, each shrunk to the population's (empirical Bayes).  Step times start
+    requests, each shrunk to the arrivals' (empirical Bayes); above that the population's
+    acceptance is taken as it settles while speculating, since requests that accept little
+    stay longer (_settled, with the spread between requests from pairs of steps).  Step times start
     from a profile when given and are refined by measured times that the ranks agreed on
     (`sync`); a spec step right after plain ones measures the resume, kept apart from the spec
     step time.  Without a profile, a new bucket is decided from a neighbour that clearly knows
@@ -408,7 +410,9 @@ class Goodput(Policy):
     step.  A probe's expected cost (output lost, in steps of the current mode) sets
     its interval, so probes cost about `budget` of the output: frequent where the
     two modes are close (where the answer may flip), rare where one clearly wins,
-    never more often than every 8 steps nor less than every `probe` steps in a bucket.
+    never more often than every 8 steps nor less than every `probe` steps in a bucket;
+    every 8 steps also where a spec step gains in the batch as it is now though steady
+    speculation would lose (a share of spec steps that beats both modes).
     A switch needs a `margin` advantage and is held for `dwell` steps.
     """
 
