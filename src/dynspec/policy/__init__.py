@@ -437,7 +437,7 @@ class Goodput(Policy):
     LOCK_EVERY = 32  # decode steps between lockstep checks without a burst
     ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_lockstep)
     PAIR_EVERY = 16  # speculative steps between two samples of how requests differ (_pair_sample)
-    PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (30 pairs at batch 32)
+    PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (at batch 32: 0.06, a memory of ~16 pairs)
     PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
     REGIME_STEPS_MIN = 8  # the regime's EMA spans at least this many decode steps
 
