@@ -191,3 +191,27 @@ def test_the_oracle_reads_the_running_requests_true_acceptance():
     assert pol._accepted(0) == pytest.approx(truth)
     rates = {round(r.accept_rate, 3) for r in eng.running}
     assert len(rates) == 3  # three different requests: the batch's truth is their mean, not a bucket's
+
+
+def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, monkeypatch):
+    """benchmarks/family_variants.py --all: each spec on every member-level of an envelope CSV,
+    in the CSV's order whatever the number of jobs.  The default spec reproduces the CSV's
+    dynamic arm exactly (the simulator is seeded); a second spec's column is its own runs."""
+    import pandas as pd
+
+    from benchmark_scripts import load
+
+    fv = load("family_variants")
+    monkeypatch.setitem(__import__("sys").modules, "family_variants", fv)  # its pool pickles _level_tps by name
+    rows = run_member(member(0, 5), arms=("dynamic",), levels=(2, 16))
+    csv = tmp_path / "f.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    r = fv.variants(str(csv), ["goodput", "goodput:lead=0.3"], 0, 0, 0, 1.0, every=True, jobs=2)
+    assert len(r) == len({row["concurrency"] for row in rows}) >= 2 and set(r["set"]) == {"all"}
+    assert np.allclose(r["goodput"], r["dynamic (from the CSV)"])
+    d = pd.DataFrame(rows).pivot_table(index="concurrency", columns="arm", values="output_throughput")
+    own = d[["never", "eagle3"]].max(axis=1)
+    ratios = (d["dynamic"] / own).sort_values()  # the CSV's order: worst first
+    alone = [fv.tps(member(0, 5), "policy:goodput:lead=0.3", int(c)) / own[c] for c in ratios.index]
+    assert np.allclose(r["goodput:lead=0.3"], alone)
+    assert "below 0.97" in capsys.readouterr().out

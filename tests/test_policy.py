@@ -420,6 +420,8 @@ BAD_SPECS = [
     ("goodput:times=2", "times must be 0 or 1"),
     ("goodput:lead_batch=0", "lead_batch>=1"),
     ("goodput:lead_batch=2.5", "lead_batch='2.5' is not an integer"),
+    ("goodput:lead_apart=1", "0<=lead_apart<1"),
+    ("goodput:lead_apart=-0.01", "0<=lead_apart<1"),
     ("goodput:times=0", "needs a profile"),
     ("goodput:profile=/nonexistent/p.yaml", "no such profile file"),
     ("goodput:profile=no-such-profile", "no such profile"),
@@ -531,6 +533,7 @@ def test_goodput_lead_grows_with_the_batch_up_to_lead_batch():
     # lead_batch=1 is the lead in full at every batch, as before the option existed
     assert Goodput(close, lead_batch=1).decide(8) is False
     assert build_policy("goodput:lead_batch=4").lead_batch == 4
+    assert build_policy("goodput:lead_apart=0.01").lead_apart == 0.01
 
 
 def test_goodput_decides_a_new_bucket_from_a_neighbour_that_clearly_knows():

@@ -114,7 +114,8 @@ def test_between_requests_that_differ_a_share_of_speculative_steps_beats_both_mo
     (never, _), (eagle3, _), (dynamic, share) = run("policy:never"), run("eagle3"), run("dynamic")
     assert eagle3 < 0.95 * never
     assert dynamic >= 1.005 * never, dynamic / never
-    assert 0.08 <= share <= 1.0 / Goodput.PROBE_MIN + 0.01, share  # a duty, not modes taking turns
+    # a duty (with a near tie's few chosen spec steps beside it), not modes taking turns
+    assert 0.08 <= share <= 1.0 / Goodput.PROBE_MIN + 0.02, share
 
 
 @pytest.mark.parametrize("index, c", [(135, 31), (72, 56)])

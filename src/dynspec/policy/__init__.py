@@ -435,7 +435,7 @@ class Goodput(Policy):
     OUT_DECAY = 1.0 - 1.0 / 1024  # per prefill forward: output per request forgets over ~1000 of them
     BURST_STEPS = 512  # decode steps the share of steps after a burst of prompts averages over
     LOCK_EVERY = 32  # decode steps between lockstep checks without a burst
-    ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_lockstep)
+    ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_read_bursts)
     PAIR_EVERY = 16  # speculative steps between two samples of how requests differ (_pair_sample)
     PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (at batch 32: 0.06, a memory of ~16 pairs)
     PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
@@ -453,6 +453,7 @@ class Goodput(Policy):
         dwell: int = 8,
         margin: float = 0.02,
         lead: float = 0.05,
+        lead_apart: float = 0.03,
         lead_batch: int = 32,
         alpha: float = 0.1,
         acc_alpha: float = 0.005,
@@ -460,12 +461,12 @@ class Goodput(Policy):
         spec_text: str = "goodput",
     ):
         if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
-                or not 0 <= lead < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
+                or not 0 <= lead < 1 or not 0 <= lead_apart < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
                 or min_samples < 1):
             raise PolicySpecError(
-                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, lead_batch>=1, "
+                f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, 0<=lead_apart<1, lead_batch>=1, "
                 f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, "
-                f"margin={margin}, lead={lead}, lead_batch={lead_batch}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
+                f"margin={margin}, lead={lead}, lead_apart={lead_apart}, lead_batch={lead_batch}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
             )
         n = len(BUCKET_EDGES)
         self._spec_text = spec_text
@@ -476,12 +477,16 @@ class Goodput(Policy):
         self.probe, self.budget, self.margin, self.alpha = probe, budget, margin, alpha
         self.lead, self.acc_alpha = lead, acc_alpha
         # Speculative output is valued at 1/(1 + lead) of its face: speculation has costs a decode
-        # step's time does not show (completions scatter, so prefills fragment and batches drain
-        # unevenly), so it must promise `lead` more output than plain decoding to be chosen.  Those
-        # costs are at most a prefill's fixed cost per request that finishes apart from the others,
-        # a share that grows with the batch: the lead applies in full from `lead_batch` requests.
-        self.lead_batch = lead_batch
-        self._discount = [1.0 / (1.0 + lead * min(1.0, bucket_mid(b) / lead_batch)) for b in range(len(BUCKET_EDGES))]
+        # step's time does not show (completions scatter, so batches drain unevenly), so it must
+        # promise `lead` more output than plain decoding to be chosen.  Those costs grow with the
+        # batch (the lead applies in full from `lead_batch` requests) and with how far finishes
+        # still come together: where they come at random there is little left to scatter, and
+        # the lead falls to `lead_apart` (_read_bursts; the prefills that scattering splits are
+        # charged on their own, _scatter).
+        self.lead_batch, self.lead_apart = lead_batch, min(lead_apart, lead)
+        self._lead_share = [min(1.0, bucket_mid(b) / lead_batch) for b in range(len(BUCKET_EDGES))]
+        self._discount = [1.0 / (1.0 + lead * w) for w in self._lead_share]  # the lead in full
+        self._lead_now = lead  # as finishes come now (_read_bursts)
         self.min_samples = min_samples
         # [mode][bucket], mode 0 = plain, 1 = spec
         self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
@@ -543,7 +548,7 @@ class Goodput(Policy):
         self._burst_p = 0.0
         self._burst_n: float | None = None
         self._decoded = 0
-        self._lock = False  # _lockstep(), as of the last burst or LOCK_EVERY decode steps
+        self._lock = False  # finishes in lockstep (_read_bursts), as of the last burst or LOCK_EVERY decode steps
         self._last_b = 0  # the bucket of the last step observed
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
@@ -661,11 +666,12 @@ class Goodput(Policy):
         return self._valued(b, acc, tp, ts, scatter) * tp / ts
 
     def _valued(self, b: int, acc: float, tp: float, ts: float, scatter: bool = True) -> float:
-        """Output per request of a spec step as valued: 1 + acc discounted by the lead and, while
-        finishes come together, by the prefills that scattering them costs (_scatter)."""
-        if not (scatter and self._lock):  # finishes come apart (or at random): scattering costs nothing
+        """Output per request of a spec step as valued: 1 + acc discounted by the lead as finishes
+        come now and by the prefills that scattering them costs (_scatter); with scatter=False,
+        by the full lead alone."""
+        if not scatter:
             return (1.0 + acc) * self._discount[b]
-        return (1.0 + acc) / (1.0 / self._discount[b] + self._scatter(b, acc, tp, ts))
+        return (1.0 + acc) / (1.0 + self._lead_now * self._lead_share[b] + self._scatter(b, acc, tp, ts))
 
     def _scatter(self, b: int, acc: float, tp: float, ts: float) -> float:
         """Prefill time a spec step adds by scattering finishes, as a share of the step.
@@ -678,7 +684,7 @@ class Goodput(Policy):
         fixed cost, 1 / E, where now it pays 1 / per_prefill.  The fixed cost is at most a plain
         step's (a decode forward pays it too)."""
         fixed, g = self._pf_fixed, self._per_prefill
-        if fixed is None or g is None or self._admitted <= 0.0:
+        if fixed is None or g is None or g <= 1.0 or self._admitted <= 0.0:
             return 0.0
         out = max(self._emitted / self._admitted, 1.0)
         lam = bucket_mid(b) * (1.0 + acc) / out
@@ -689,30 +695,39 @@ class Goodput(Policy):
         extra = (-math.expm1(-lam) / lam if lam > 1e-9 else 1.0) - 1.0 / g
         return lam * extra * min(fixed, tp) / ts if extra > 0.0 else 0.0
 
-    def _lockstep(self) -> bool:
-        """Requests finish together far more than chance would have them.  Prompts arrive in
-        bursts (the prefill forwards between two decode steps) of n requests on a share p of
-        decode steps, so n p finish per step.  At random, what a client's round trip (ROUND_TRIP
-        decode steps) gathers into one burst is lam = ROUND_TRIP n p of them, lam / (1 -
-        exp(-lam)) a burst; lockstep is bursts of at least 2 and twice that.  Before any request
-        has finished, every one so far came in the first burst.  (Measured on an H200, C=64,
-        data/measured/h200-llama8b-lockstep*: fixed lengths 50 prompts a burst on 0.7% of
-        steps; output lengths 64..128, 5.8 on 17%.)"""
+    def _read_bursts(self) -> None:
+        """How far requests finish together beyond chance: _lock, and the lead that goes with it.
+
+        Prompts arrive in bursts (the prefill forwards between two decode steps) of n requests
+        on a share p of decode steps, so n p finish per step.  At random, what a client's round
+        trip (ROUND_TRIP decode steps) gathers into one burst is lam = ROUND_TRIP n p of them,
+        e = lam / (1 - exp(-lam)) a burst; lockstep is bursts of at least 2 and twice that.
+        Before any request has finished, every one so far came in the first burst.  The lead
+        runs from lead_apart at chance to the full lead at lockstep's twice chance.  (Measured on
+        an H200, C=64, data/measured/h200-llama8b-lockstep*: fixed lengths 50 prompts a burst on
+        0.7% of steps; output lengths 64..128, 5.8 on 17%.)"""
         p, n = self._burst_p, self._burst_n
         if n is None or n < 2.0:
-            return False
+            self._lock, self._lead_now = False, self.lead_apart
+            return
         if not self._refilled:
-            return True
+            self._lock, self._lead_now = True, self.lead
+            return
         lam = self.ROUND_TRIP * n * p
-        return n >= 2.0 * (lam / -math.expm1(-lam) if lam > 1e-9 else 1.0)
+        e = lam / -math.expm1(-lam) if lam > 1e-9 else 1.0
+        self._lock = n >= 2.0 * e
+        self._lead_now = self.lead_apart + (self.lead - self.lead_apart) * min(max(n / e - 1.0, 0.0), 1.0)
 
     def _refresh(self, b: int) -> None:
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return
-        # tokens per request as valued (lead, scatter); _valued's common case inline: this runs
-        # every step, and the call alone is ~0.1 us of the 5 us budget (dynspec policy bench)
-        acc = ((1.0 + acc) * self._discount[b] if not self._lock else self._valued(b, acc, tp, ts)) - 1.0
+        # tokens per request as valued (_valued inline: this runs every step, and the call alone
+        # is ~0.1 us of the 5 us budget, dynspec policy bench)
+        cost = 1.0 + self._lead_now * self._lead_share[b]
+        if self._pf_fixed is not None:
+            cost += self._scatter(b, acc, tp, ts)
+        acc = (1.0 + acc) / cost - 1.0
         g = (1.0 + acc) * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
@@ -730,7 +745,7 @@ class Goodput(Policy):
             # batch keeps the arrivals' mix, which beats either mode alone.
             now = self._population(b, self._f)
             if now is not None:
-                now = (1.0 + now) * self._discount[b] if not self._lock else self._valued(b, now, tp, ts)
+                now = self._valued(b, now, tp, ts)
                 if now * tp > ts + r:
                     from_plain = 0.0
         from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
@@ -859,11 +874,11 @@ class Goodput(Policy):
             n = self._burst_n
             self._burst_n = float(burst) if n is None else n + self.PF_WEIGHT * (burst - n)
             self._burst_p += (1.0 - self._burst_p) / span
-            self._lock = self._lockstep()
+            self._read_bursts()
         else:
             self._burst_p -= self._burst_p / span
             if d < self.LOCK_EVERY or d % self.LOCK_EVERY == 0:  # every step of a first wave
-                self._lock = self._lockstep()
+                self._read_bursts()
         if speculated and accepted:
             k = len(accepted)
             self._batch_acc = None  # the batch's estimate moves with every sample
@@ -1061,7 +1076,7 @@ class Goodput(Policy):
         # The discrete state decisions follow (estimates enter through _choice and _interval).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
                 self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again,
-                self._lock)
+                self._lock, self._lead_now)
 
     def estimates(self) -> dict:
         """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
@@ -1080,8 +1095,9 @@ class Goodput(Policy):
 
     def prefill_estimates(self) -> dict:
         """What it reads from prefill forwards (note_prefill): their fixed cost, requests per
-        forward and per burst, the share of decode steps after a burst, output per request, and
-        whether finishes come in lockstep (then speculation pays for scattering them)."""
+        forward and per burst, the share of decode steps after a burst, output per request,
+        whether finishes come in lockstep (then speculation pays for scattering them) and the lead
+        that goes with how far they come together (_read_bursts)."""
         def r(x: float | None, k: int = 3) -> float | None:
             return None if x is None else round(x, k)
 
@@ -1089,7 +1105,7 @@ class Goodput(Policy):
                 "requests_per_prefill": r(self._per_prefill), "requests_per_burst": r(self._burst_n),
                 "steps_after_a_burst": r(self._burst_p, 4),
                 "output_per_request": r(self._emitted / self._admitted if self._admitted else None, 1),
-                "lockstep": self._lock}
+                "lockstep": self._lock, "lead": round(self._lead_now, 4)}
 
     def acceptance_estimates(self) -> dict:
         """How requests differ and the regime the batch formed in (_settled): the variance of
@@ -1279,6 +1295,7 @@ _GOODPUT_OPTS = {
     "dwell": "minimum steps between switches",
     "margin": "relative advantage needed to switch",
     "lead": "share more output speculation must promise to be chosen",
+    "lead_apart": "the lead where finishes come at random (at most lead)",
     "lead_batch": "batch size from which the lead applies in full (in proportion below)",
     "alpha": "EMA weight of step times",
     "acc_alpha": "EMA weight of one request's accepted drafts",
@@ -1300,7 +1317,7 @@ def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | Non
     for key in ("probe", "dwell", "sync_every", "min_samples", "lead_batch"):
         if key in o:
             kw[key] = _int(spec, key, o[key])
-    for key in ("margin", "lead", "alpha", "acc_alpha", "budget"):
+    for key in ("margin", "lead", "lead_apart", "alpha", "acc_alpha", "budget"):
         if key in o:
             kw[key] = _float(spec, key, o[key])
     if "times" in o:
