@@ -100,7 +100,8 @@ def test_dynamic_arm_on_a_small_family(range_ratio, worst):
     the dynamic arm must stay near the switching server's best mode at every level (simulated on
     2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied; since the tenth
     session's changes 0.940 / 0.994 and 0.984 / 0.999; with the eleventh's, each request's own
-    acceptance and the lead in proportion to the batch, 0.947 / 0.994 and 0.983 / 1.000).  A broken policy, e.g.
+    acceptance and the lead in proportion to the batch, 0.947 / 0.994 and 0.983 / 1.000; with the
+    fourteenth's lead that follows how finishes come, 0.944 / 0.994 and 0.989 / 1.000).  A broken policy, e.g.
     one that always or never speculates, falls far below on some member: see the control."""
     levels = (1, 4, 16, 64)
     ratios, always = [], []
