@@ -393,7 +393,8 @@ class Goodput(Policy):
     requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
     tokens per request and, per mode, an estimate of the step time; expected goodput per
     request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain, the lead in full from
-    `lead_batch` requests and in proportion below.  Up to PER_REQUEST_MAX requests, told their
+    `lead_batch` requests and in proportion below, and `lead_apart` instead where finishes come
+    at random (growing to `lead` where they come in lockstep; read from bursts of prompts).  Up to PER_REQUEST_MAX requests, told their
     ids (set_batch, StepRecord.requests), it estimates a batch's acceptance from its own
     requests, each shrunk to the arrivals' (empirical Bayes); above that the population's
     acceptance is taken as it settles while speculating, since requests that accept little
@@ -707,7 +708,10 @@ class Goodput(Policy):
         an H200, C=64, data/measured/h200-llama8b-lockstep*: fixed lengths 50 prompts a burst on
         0.7% of steps; output lengths 64..128, 5.8 on 17%.)"""
         p, n = self._burst_p, self._burst_n
-        if n is None or n < 2.0:
+        if n is None:  # no prefill told (SGLang 0.5.23's adaptive protocol): the lead in full
+            self._lock, self._lead_now = False, self.lead
+            return
+        if n < 2.0:  # prompts one at a time
             self._lock, self._lead_now = False, self.lead_apart
             return
         if not self._refilled:
@@ -1073,7 +1077,8 @@ class Goodput(Policy):
                 self._t_sum[kind][b] = 0.0
 
     def state_key(self) -> tuple:
-        # The discrete state decisions follow (estimates enter through _choice and _interval).
+        # The state decisions follow (estimates enter through _choice and _interval, how finishes
+        # come through _lock and the lead).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
                 self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again,
                 self._lock, self._lead_now)
