@@ -140,6 +140,11 @@ def family_main(args) -> int:
           "the policy's own error):")
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_switching)}")
+    tps = df.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
+    capped = tps[["never", "eagle3"]].max(axis=1) < TARGET * tps[["baseline", "eagle3"]].max(axis=1)
+    print(f"the switching server's own best is below {TARGET} of max(baseline, eagle3) at {int(capped.sum())} "
+          f"member-levels on {capped[capped].index.get_level_values(0).nunique()} members: there no arm that "
+          "can switch meets the target (its plain steps pay the member's catch-up)")
     dyn = df[df.arm == "dynamic"]
     worst = dyn.loc[dyn.of_envelope.idxmin()]
     wm = next(m for m in members if m.index == worst.member)
