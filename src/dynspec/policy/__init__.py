@@ -527,8 +527,8 @@ class Goodput(Policy):
         # half a request's life: the regime the batch was formed in), per bucket the regime its
         # acceptance samples came from, and pairs of speculative steps (_pair_sample).
         self._pair: tuple | None = None  # (request ids, accepted drafts) at the first step of a pair
-        self._pair_at = 0  # the speculative step (counted in _spec_steps) at which the next pair opens
-        self._spec_steps = 0
+        # the speculative step (counted in _n_acc_global, from its prior) at which the next pair opens
+        self._pair_at = self._n_acc_global
         self._pair_df = 0  # requests the pairs so far compared
         self._f = 0.0
         self._f_w = 1.0 / self.REGIME_STEPS_MIN
@@ -912,11 +912,10 @@ class Goodput(Policy):
             f = self._f
             self._f_acc[b] = f if prev is None else self._f_acc[b] + wb * (f - self._f_acc[b])
             self._f_global = f if g is None else self._f_global + wg * (f - self._f_global)
-            self._spec_steps += 1
             if rids is not None and len(rids) == k:
                 if k <= self.PER_REQUEST_MAX:
                     self._track(rids, accepted)
-                if self._spec_steps > self._pair_at:
+                if self._n_acc_global > self._pair_at:
                     self._pair_sample(rids, accepted)
             changed = True
         if t is not None and self.use_times:
@@ -935,7 +934,7 @@ class Goodput(Policy):
             self.sync_apply(self.sync(self.sync_values()))
 
     def wants_requests(self, batch_size: int) -> bool:
-        return batch_size <= self.PER_REQUEST_MAX or self._spec_steps >= self._pair_at
+        return batch_size <= self.PER_REQUEST_MAX or self._n_acc_global >= self._pair_at
 
     def _pair_sample(self, rids: Sequence[Hashable], accepted: Sequence[int]) -> None:
         """How much requests differ, from two speculative steps: across the requests in both,
@@ -946,7 +945,7 @@ class Goodput(Policy):
         if prev is None:
             self._pair = (rids, accepted)
             return
-        self._pair, self._pair_at = None, max(self._pair_at + self.PAIR_EVERY, self._spec_steps)
+        self._pair, self._pair_at = None, max(self._pair_at + self.PAIR_EVERY, self._n_acc_global)
         prev_rids, prev_acc = prev
         if prev_rids == rids:  # the same requests in the same order (most pairs): sums at C speed
             n, sx, sy, sxy = len(rids), sum(prev_acc), sum(accepted), sum(map(operator.mul, prev_acc, accepted))
