@@ -27,6 +27,7 @@ from multiprocessing import Pool
 import pandas as pd
 
 from dynspec.analysis.family import level_requests, member
+from dynspec.io.atomic import write_text
 from dynspec.sim.run import simulate_level
 
 
@@ -62,7 +63,8 @@ def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: i
         out = [_level_tps(t) for t in tasks]
     label = "all" if every else "worst"
     r = pd.DataFrame({"set": [label] * len(hard) + ["sample"] * len(others),
-                      "dynamic (from the CSV)": [base[k] for k in keys]})
+                      "dynamic (from the CSV)": [base[k] for k in keys]},
+                     index=pd.MultiIndex.from_tuples(keys, names=["member", "concurrency"]))
     for i, s in enumerate(specs):
         r[s] = [x / own[k] for x, k in zip(out[i * len(keys):(i + 1) * len(keys)], keys)]
     for col in ["dynamic (from the CSV)", *specs]:
@@ -97,12 +99,15 @@ def main() -> int:
     ap.add_argument("--drain", nargs="+", metavar="M:C")
     ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
                     help="the --range-ratio the CSV was made with (its seeded output-length draws)")
+    ap.add_argument("--out", help="also write each member-level's ratios to this .csv")
     args = ap.parse_args()
     if args.drain:
         drain(args.drain, args.family_seed)
     elif args.csv and args.specs:
-        variants(args.csv, args.specs, args.worst, args.sample, args.family_seed, args.range_ratio,
-                 args.all, max(args.jobs, 1))
+        r = variants(args.csv, args.specs, args.worst, args.sample, args.family_seed, args.range_ratio,
+                     args.all, max(args.jobs, 1))
+        if args.out:
+            write_text(args.out, r.to_csv())
     else:
         ap.error("give a CSV and goodput specs, or --drain M:C ...")
     return 0

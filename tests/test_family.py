@@ -216,6 +216,9 @@ def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, mo
     alone = [fv.tps(member(0, 5), "policy:goodput:lead=0.3", int(c)) / own[c] for c in ratios.index]
     assert np.allclose(r["goodput:lead=0.3"], alone)
     assert "below 0.97" in capsys.readouterr().out
+    # --out writes each row under its member-level
+    assert list(r.index.names) == ["member", "concurrency"]
+    assert list(r.index.get_level_values("concurrency")) == list(ratios.index)
 
 
 def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):

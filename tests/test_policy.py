@@ -739,3 +739,21 @@ def test_failsafe_speculates_after_set_batch_raises(caplog):
         p.set_batch(["r0"])
     assert p.failed and p.decide(1) is True
     assert "failed in set_batch (KeyError" in caplog.text
+
+
+def test_policy_ab_benches_this_tree_against_a_commit_in_turns(capsys):
+    """benchmarks/policy_ab.py runs `dynspec policy bench` for this tree and for a commit's src
+    alternately and prints each one's per-run medians and their ratio; a commit that does not
+    exist is one clear line, before anything runs."""
+    import re
+
+    from benchmark_scripts import load
+
+    ab = load("policy_ab")
+    assert ab.main(["HEAD", "--rounds", "2", "--steps", "200", "--spec", "never"]) == 0
+    out = capsys.readouterr().out
+    rounds = re.findall(r"round \d: this tree ([0-9.]+) us   HEAD ([0-9.]+) us", out)
+    assert len(rounds) == 2 and all(float(x) > 0 for r in rounds for x in r)
+    assert re.search(r"ratio \(this tree / HEAD\): lowest [0-9.]+, median [0-9.]+", out)
+    with pytest.raises(SystemExit, match="'no-such-rev' is not a commit"):
+        ab.main(["no-such-rev"])

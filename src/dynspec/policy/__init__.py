@@ -348,11 +348,12 @@ def _bucket_slow(batch_size: int) -> int:
 
 _BUCKETS = [_bucket_slow(i) for i in range(BUCKET_EDGES[-1] + 1)]
 _LAST_BUCKET = len(BUCKET_EDGES) - 1
+_N_BUCKETS = len(_BUCKETS)
 
 
 def bucket_of(batch_size: int) -> int:
     """Index of the bucket holding batch_size (a table lookup on the hot path)."""
-    return _BUCKETS[batch_size] if 0 <= batch_size < len(_BUCKETS) else _LAST_BUCKET
+    return _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
 
 
 def bucket_mid(b: int) -> float:
@@ -511,6 +512,7 @@ class Goodput(Policy):
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
+        self._acc_weight_n = len(self._acc_weight)
         self._acc_at = [0] * n  # _in_bucket at the last acceptance sample
         # Each running request's accepted drafts [sum, sum of squares, steps], by request id, and the
         # batch the next step runs (set_batch); None: ids unknown, the bucket's estimate stands.
@@ -603,7 +605,11 @@ class Goodput(Policy):
         if a is None or g is None:
             return g if a is None else self._settled(a, self._f_acc[b], regime)
         k, s = self.n_acc[b], self.SHRINK
-        return self._settled((k * a + s * g) / (k + s), (k * self._f_acc[b] + s * self._f_global) / (k + s), regime)
+        a = (k * a + s * g) / (k + s)
+        v = self._var_between
+        if v is None or v <= 0.0:  # _settled's first line, inline: this runs every step
+            return a
+        return self._settled(a, (k * self._f_acc[b] + s * self._f_global) / (k + s), regime)
 
     def _settled(self, a: float, f: float, regime: float = 1.0) -> float:
         """Accepted drafts per request per step in a batch formed while a share `regime` of steps
@@ -723,26 +729,35 @@ class Goodput(Policy):
         self._lead_now = self.lead_apart + (self.lead - self.lead_apart) * min(max(n / e - 1.0, 0.0), 1.0)
 
     def _refresh(self, b: int) -> None:
-        (tp, ts), acc = self._times(b), self._accepted(b)
-        if tp is None or ts is None or acc is None:
+        # Runs after every step observed: written for speed (dynspec policy bench), builtins
+        # min/max/int and method calls kept off the common path.
+        tp, ts = self.t_est[0][b], self.t_est[1][b]
+        if tp is None or ts is None:
             return
-        # tokens per request as valued (_valued inline: this runs every step, and the call alone
-        # is ~0.1 us of the 5 us budget, dynspec policy bench)
+        if tp > ts:  # _times
+            tp = ts
+        acc = self._accepted(b)
+        if acc is None:
+            return
+        # tokens per request as valued (_valued inline)
         cost = 1.0 + self._lead_now * self._lead_share[b]
         if self._pf_fixed is not None:
             cost += self._scatter(b, acc, tp, ts)
-        acc = (1.0 + acc) / cost - 1.0
-        g = (1.0 + acc) * tp / ts
+        out = (1.0 + acc) / cost  # output per request of a spec step, as valued
+        g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
-        self._choice[b] = g > (1.0 - self.margin) if self._choice[b] else g > (1.0 + self.margin)
+        choice = self._choice[b]
+        choice = self._choice[b] = g > (1.0 - self.margin) if choice else g > (1.0 + self.margin)
         # Output lost by one probe, in steps of the mode probed from: from plain, a spec
-        # step and its resume r cost (ts + r)/tp plain steps and return 1 + acc tokens, and never
+        # step and its resume r cost (ts + r)/tp plain steps and return `out` tokens, and never
         # less than the resume; from spec, a plain step returns 1 token where spec would give g,
-        # out of (1 + acc) per spec step, and the way back pays r.  The switch's own cost keeps
+        # out of `out` per spec step, and the way back pays r.  The switch's own cost keeps
         # probes from coming every few steps where the two modes are tied.
-        lo, hi, budget, r = self.PROBE_MIN, self.probe, self.budget, self._t_resume[b]
-        from_plain = max((ts + r) / tp - (1.0 + acc), r / tp)
-        if not self._choice[b] and self._var_between and self._batch_bucket != b:
+        r = self._t_resume[b]
+        from_plain = (ts + r) / tp - out
+        if from_plain < r / tp:
+            from_plain = r / tp
+        if not choice and self._var_between and self._batch_bucket != b:
             # Between requests that differ, a probe in a batch formed mostly plain sees the
             # arrivals' mix and may gain where steady speculation would lose: then probing as
             # often as allowed speculates on a share of steps (at most 1 / PROBE_MIN) whose
@@ -752,15 +767,19 @@ class Goodput(Policy):
                 now = self._valued(b, now, tp, ts)
                 if now * tp > ts + r:
                     from_plain = 0.0
-        from_spec = max(g - 1.0, 0.0) / (1.0 + acc) + r / ts
+        from_spec = (g - 1.0) / out + r / ts if g > 1.0 else r / ts
         # A probe from plain steps in lockstep (_scatter) splits each group of requests that
         # finish together into as many as its step's outcomes, for good: a forward's fixed cost
         # more per extra group and wave, counted here for one wave.
-        per, fixed = self._per_prefill, self._pf_fixed
-        if fixed is not None and per is not None and self._lock:
-            from_plain += (min(per, 2.0 + acc) - 1.0) * min(fixed, tp) / tp
-        self._interval[0][b] = int(min(hi, max(lo, from_plain / budget)))
-        self._interval[1][b] = int(min(hi, max(lo, from_spec / budget)))
+        if self._lock:
+            per, fixed = self._per_prefill, self._pf_fixed
+            if fixed is not None and per is not None:
+                from_plain += (min(per, 1.0 + out) - 1.0) * min(fixed, tp) / tp
+        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
+        x, y = from_plain / budget, from_spec / budget
+        iv = self._interval
+        iv[0][b] = hi if x > hi else int(x) if x >= lo else lo  # (a NaN gives lo)
+        iv[1][b] = hi if y > hi else int(y) if y >= lo else lo
 
     def decide(self, batch_size: int) -> bool:
         self._step += 1
@@ -863,7 +882,7 @@ class Goodput(Policy):
     # Learning ----------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
         bs, speculated, accepted, t, rids = rec
-        b = bucket_of(bs)
+        b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
         changed = False
@@ -891,7 +910,7 @@ class Goodput(Policy):
             a = total / k
             # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
             # 0..num_steps from step to step, so at batch 1 a step says little.
-            w = self._acc_weight[k] if k < len(self._acc_weight) else self.alpha
+            w = self._acc_weight[k] if k < self._acc_weight_n else self.alpha
             # A sample stands for the steps since the last one in this bucket: a probe from plain
             # weighs as much as the spec steps it replaced, so the estimate forgets at the same
             # pace in either mode (else a low run, sampled densely, switches speculation off and
@@ -906,7 +925,11 @@ class Goodput(Policy):
             # Until the EMA has seen about 1/w samples it is their plain mean (a bias-corrected
             # EMA): otherwise the first sample, often a single request's 0 accepted drafts, would
             # hold the estimate for dozens of probes.
-            wb, wg = max(w, 1.0 / self.n_acc[b]), max(w, 1.0 / self._n_acc_global)
+            wb, wg = 1.0 / self.n_acc[b], 1.0 / self._n_acc_global
+            if wb < w:
+                wb = w
+            if wg < w:
+                wg = w
             self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
             self.acc_global = a if g is None else g + wg * (a - g)
             f = self._f
