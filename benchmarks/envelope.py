@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--level-scale", type=int, default=1, metavar="K",
                     help="with --family: each level serves K x max(5C, 50) requests (default 1), so what a "
                          "level pays once (learning from nothing, the drain) weighs less")
+    ap.add_argument("--confirm", type=int, default=0, metavar="K",
+                    help="with --family: rerun every member-level where dynamic is below the target with "
+                         "simulator seeds 1..K-1 and judge it again on each arm's mean over seeds 0..K-1")
     args = ap.parse_args(argv)
+    if args.confirm == 1 or args.confirm < 0:
+        ap.error(f"--confirm must be 0 (off) or at least 2 seeds, got {args.confirm}")
     if args.level_scale < 1:
         ap.error(f"--level-scale must be an integer >= 1, got {args.level_scale}")
     if not 0.0 < args.range_ratio <= 1.0:
@@ -153,12 +158,63 @@ def family_main(args) -> int:
     lengths = f" --range-ratio {args.range_ratio:g}" if args.range_ratio < 1 else ""
     lengths += f" --level-scale {args.level_scale}" if args.level_scale > 1 else ""
     print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}{lengths}")
+    conf = _confirm(df, members, args) if args.confirm else None
     ok = dyn.of_envelope.min() >= TARGET and dyn.of_envelope.median() >= FAMILY_MEDIAN
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} "
           f"({time.perf_counter() - w0:.0f} s wall" + (f", {cpu:.0f} s CPU)" if cpu == cpu else f", {args.jobs} jobs)"))
     if args.out:
         df.to_parquet(args.out) if args.out.endswith(".parquet") else df.to_csv(args.out, index=False)
+        if conf is not None:
+            conf.to_csv(_confirm_path(args.out), index=False)
     return 0 if ok else 1
+
+
+def _confirm_path(out: str) -> str:
+    """Where --confirm's rows go beside --out: F.csv -> F.confirm.csv."""
+    stem, dot, _ = out.rpartition(".")
+    return f"{stem if dot else out}.confirm.csv"
+
+
+def _confirm(df, members, args):
+    """--confirm K: each member-level where dynamic missed the target (against either envelope)
+    again with simulator seeds 1..K-1; judged on each arm's mean over seeds 0..K-1."""
+    import pandas as pd
+
+    from dynspec.analysis.family import CONFIRM_ARMS, confirm_levels
+
+    dyn = df[df.arm == "dynamic"]
+    missed = dyn[(dyn.of_envelope < TARGET) | (dyn.of_switching < TARGET)]
+    if missed.empty:
+        print(f"\nconfirm: no member-level below {TARGET}, nothing to rerun")
+        return None
+    by_member = missed.groupby("member").concurrency.apply(lambda s: tuple(sorted(int(c) for c in s)))
+    index = {m.index: m for m in members}
+    tasks = [(index[mi], cs, tuple(range(1, args.confirm)), args.range_ratio, args.level_scale)
+             for mi, cs in by_member.items()]
+    if args.jobs > 1:
+        from multiprocessing import Pool
+
+        with Pool(args.jobs) as pool:
+            parts = pool.map(confirm_levels, tasks, chunksize=1)
+    else:
+        parts = [confirm_levels(t) for t in tasks]
+    tps = df.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
+    first = [{"member": mi, "concurrency": c, "sim_seed": 0, **{a: tps.loc[(mi, c), a] for a in CONFIRM_ARMS}}
+             for mi, c in zip(missed.member, missed.concurrency)]
+    conf = pd.DataFrame(first + [r for part in parts for r in part])
+    mean = conf.groupby(["member", "concurrency"])[list(CONFIRM_ARMS)].mean()
+    print(f"\nconfirm: the {len(mean)} member-levels where dynamic was below {TARGET} once, judged on each arm's "
+          f"mean output tok/s over simulator seeds 0..{args.confirm - 1}:")
+    for label, own in (("max(baseline, eagle3)", ["baseline", "eagle3"]),
+                       ("max(never, eagle3) on the switching server", ["never", "eagle3"])):
+        once = dyn.set_index(["member", "concurrency"])["of_envelope" if own[0] == "baseline" else "of_switching"]
+        r = (mean.dynamic / mean[own].max(axis=1))[once.loc[mean.index] < TARGET]
+        if r.empty:
+            continue
+        mi, c = r.idxmin()
+        print(f"  against {label}: {int((r < TARGET).sum())} of {len(r)} stay below {TARGET} "
+              f"(worst {r.min():.3f} at C={c} on member {members[0].seed}:{mi}; median {r.median():.3f})")
+    return conf
 
 
 if __name__ == "__main__":

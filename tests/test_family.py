@@ -233,10 +233,45 @@ def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):
     from benchmark_scripts import load
 
     csv = tmp_path / "m.csv"
-    load("envelope").main(["--family-member", "0:117", "--out", str(csv)])
+    load("envelope").main(["--family-member", "0:117", "--out", str(csv), "--confirm", "2"])
     out = capsys.readouterr().out
     found = re.search(r"below 0.97 of max\(baseline, eagle3\) at (\d+) member-levels on (\d+) members", out)
     assert found, out
     t = pd.read_csv(csv).pivot_table(index="concurrency", columns="arm", values="output_throughput")
     capped = int((t[["never", "eagle3"]].max(axis=1) < 0.97 * t[["baseline", "eagle3"]].max(axis=1)).sum())
     assert capped > 0 and (int(found.group(1)), int(found.group(2))) == (capped, 1)
+
+    # --confirm 2: every level where dynamic missed once, again with simulator seed 1, judged on
+    # the two seeds' means; seed 0's rows are the main run's, and a rerun of seed 0 gives them again.
+    from dynspec.analysis.family import confirm_levels
+
+    conf = pd.read_csv(tmp_path / "m.confirm.csv")
+    missed = set(t.index[t["dynamic"] < 0.97 * t[["baseline", "eagle3"]].max(axis=1)])
+    assert missed and set(conf.concurrency) >= missed and sorted(conf.sim_seed.unique()) == [0, 1]
+    first = conf[conf.sim_seed == 0].set_index("concurrency")
+    for arm in ("baseline", "eagle3", "never", "dynamic"):
+        assert np.allclose(first[arm], t.loc[first.index, arm])
+    c = min(missed)
+    again = confirm_levels((member(0, 117), (c,), (0,), 1.0, 1))[0]
+    assert again["dynamic"] == pytest.approx(first.loc[c, "dynamic"], rel=1e-12)
+    assert (conf[conf.sim_seed == 1].set_index("concurrency")["dynamic"] != first["dynamic"]).any()
+    mean = conf.groupby("concurrency")[["baseline", "eagle3", "dynamic"]].mean()
+    ratio = (mean.dynamic / mean[["baseline", "eagle3"]].max(axis=1))[sorted(missed)]
+    stay = re.search(r"against max\(baseline, eagle3\): (\d+) of (\d+) stay below", out)
+    assert stay and (int(stay.group(1)), int(stay.group(2))) == (int((ratio < 0.97).sum()), len(missed))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--family", "2", "--confirm", "1"], "--confirm must be 0 (off) or at least 2 seeds, got 1"),
+    (["--family", "2", "--confirm", "-3"], "--confirm must be 0 (off) or at least 2 seeds, got -3"),
+    (["--family", "2", "--level-scale", "0"], "--level-scale must be an integer >= 1, got 0"),
+    (["--family", "2", "--range-ratio", "1.5"], "--range-ratio must be in (0, 1], got 1.5"),
+])
+def test_envelope_refuses_bad_family_options_in_one_line(argv, says, capsys):
+    """A bad option is one line naming it, before anything is simulated (exit status 2)."""
+    from benchmark_scripts import load
+
+    with pytest.raises(SystemExit) as info:
+        load("envelope").main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and says in err.strip().splitlines()[-1]

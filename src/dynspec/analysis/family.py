@@ -258,3 +258,27 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
             rows.append({"member": m.index, "arm": a, "concurrency": c, "output_throughput": v,
                          "envelope": env, "of_envelope": v / env, "of_switching": v / own, "cutoff": cutoff})
     return rows
+
+
+CONFIRM_ARMS = {"baseline": "baseline", "eagle3": "eagle3", "never": "policy:never", "dynamic": "dynamic"}
+
+
+def confirm_levels(task: tuple[Member, tuple[int, ...], tuple[int, ...], float, int]) -> list[dict]:
+    """Rerun member-levels with other simulator seeds: one row per (level, sim seed) with each of
+    CONFIRM_ARMS' output tok/s.  A seed changes the requests' acceptance draws; in a closed loop a
+    different decision early changes which requests share later steps, so one seed's ratio of two
+    arms moves by a few percent at small batches (docs/POLICIES.md), and a level that misses the
+    target once is judged again on the mean over seeds.  One tuple argument: a Pool maps it."""
+    from dynspec.sim.run import simulate_level
+
+    m, cs, seeds, range_ratio, level_scale = task
+    p = m.profile()
+    rows = []
+    for c in cs:
+        work = level_requests(m, c, range_ratio, level_scale)
+        for s in seeds:
+            row = {"member": m.index, "concurrency": c, "sim_seed": s}
+            for name, arm in CONFIRM_ARMS.items():
+                row[name] = simulate_level(p, arm, c, seed=s, **work)[0]["output_throughput"]
+            rows.append(row)
+    return rows
