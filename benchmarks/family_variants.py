@@ -1,7 +1,7 @@
 """goodput variants on a generated family's hardest member-levels, and the closed loop's drain (#14).
 
 Reads the CSV (or .parquet) that `benchmarks/envelope.py --family N --out F.csv` wrote (with
-`--range-ratio R`, give the same R here: the same seeded output lengths), takes the dynamic arm's
+`--range-ratio R` or `--level-scale K`, give the same here: the same seeded requests), takes the dynamic arm's
 `--worst` lowest member-levels (against the switching server's max(never, EAGLE-3)) and a seeded
 random sample of `--sample` others, and simulates each goodput spec given on them: min / p5 /
 median / mean of the ratio and how many sit below 0.97, for the worst and the sample apart, so a
@@ -31,20 +31,20 @@ from dynspec.io.atomic import write_text
 from dynspec.sim.run import simulate_level
 
 
-def tps(m, arm: str, c: int, num_prompts: int | None = None, range_ratio: float = 1.0) -> float:
-    work = level_requests(m, c, range_ratio)  # the requests the CSV's level served
+def tps(m, arm: str, c: int, num_prompts: int | None = None, range_ratio: float = 1.0, level_scale: int = 1) -> float:
+    work = level_requests(m, c, range_ratio, level_scale)  # the requests the CSV's level served
     if num_prompts is not None:  # --drain: fixed lengths, this many requests
         work["num_prompts"] = num_prompts
     return simulate_level(m.profile(), arm, c, seed=0, **work)[0]["output_throughput"]
 
 
 def _level_tps(task: tuple) -> float:
-    family_seed, mi, c, spec, range_ratio = task
-    return tps(member(family_seed, mi), f"policy:{spec}", c, range_ratio=range_ratio)
+    family_seed, mi, c, spec, range_ratio, level_scale = task
+    return tps(member(family_seed, mi), f"policy:{spec}", c, range_ratio=range_ratio, level_scale=level_scale)
 
 
 def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: int, range_ratio: float,
-             every: bool = False, jobs: int = 1) -> pd.DataFrame:
+             every: bool = False, jobs: int = 1, level_scale: int = 1) -> pd.DataFrame:
     d = pd.read_parquet(csv) if csv.endswith(".parquet") else pd.read_csv(csv)
     piv = d.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
     own = piv[["never", "eagle3"]].max(axis=1)
@@ -55,7 +55,7 @@ def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: i
         hard = list(base.index[:worst])
         others = random.Random(1).sample([k for k in base.index[worst:]], min(sample, len(base) - worst))
     keys = hard + others
-    tasks = [(family_seed, int(mi), int(c), s, range_ratio) for s in specs for mi, c in keys]
+    tasks = [(family_seed, int(mi), int(c), s, range_ratio, level_scale) for s in specs for mi, c in keys]
     if jobs > 1:
         with Pool(jobs) as pool:
             out = pool.map(_level_tps, tasks, chunksize=4)
@@ -99,13 +99,17 @@ def main() -> int:
     ap.add_argument("--drain", nargs="+", metavar="M:C")
     ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
                     help="the --range-ratio the CSV was made with (its seeded output-length draws)")
+    ap.add_argument("--level-scale", type=int, default=1, metavar="K",
+                    help="the --level-scale the CSV was made with (K x max(5C, 50) requests a level)")
     ap.add_argument("--out", help="also write each member-level's ratios to this .csv")
     args = ap.parse_args()
+    if args.level_scale < 1:
+        ap.error(f"--level-scale must be at least 1 (got {args.level_scale})")
     if args.drain:
         drain(args.drain, args.family_seed)
     elif args.csv and args.specs:
         r = variants(args.csv, args.specs, args.worst, args.sample, args.family_seed, args.range_ratio,
-                     args.all, max(args.jobs, 1))
+                     args.all, max(args.jobs, 1), args.level_scale)
         if args.out:
             write_text(args.out, r.to_csv())
     else:

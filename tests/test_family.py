@@ -219,6 +219,13 @@ def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, mo
     # --out writes each row under its member-level
     assert list(r.index.names) == ["member", "concurrency"]
     assert list(r.index.get_level_values("concurrency")) == list(ratios.index)
+    # --level-scale K: the CSV's levels served K x the requests, and so do the reruns (at scale 1
+    # the default spec would not reproduce the CSV's dynamic arm)
+    rows = run_member(member(0, 5), arms=("dynamic",), levels=(16,), level_scale=2)
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    for k in (2, 1):
+        r = fv.variants(str(csv), ["goodput"], 0, 0, 0, 1.0, every=True, level_scale=k)
+        assert np.allclose(r["goodput"], r["dynamic (from the CSV)"]) == (k == 2), (k, r)
 
 
 def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):

@@ -140,3 +140,37 @@ def test_where_finishes_come_apart_a_smaller_lead_lets_a_winning_draft_run(index
     assert eagle3 > 1.05 * never
     assert dynamic >= 0.97 * eagle3 and dynamic >= full + 0.01 * eagle3, (dynamic / eagle3, full / eagle3)
     assert eng.policy.prefill_estimates()["lead"] < 0.04
+
+
+def test_probes_from_plain_in_a_lockstep_are_rationed_by_what_they_scatter_for_good():
+    """A probe from plain in lockstep splits each group that finishes together into as many as its
+    step's outcomes, and every later wave pays a forward's fixed cost per extra group.  Here (a
+    spec step 2.4 plain steps, 2 tokens a request; 32 requests finish together every 200 steps;
+    the fixed cost bounded by a plain step) that is 2 plain steps a wave, 1% of the output for
+    good against a budget of 0.5%: probes from plain come as rarely as `probe` allows.  Finishing
+    at random, the same requests are probed as a probe's own cost says, (2.4 - 2) / 0.005 = 80
+    steps apart.  (The control is the same policy without the lockstep, not an older one: before
+    this rule the lockstep's split was counted for one wave, (0.4 + 2) / 0.005 = 480 steps.)"""
+    from test_policy import make_profile
+
+    from dynspec.policy import StepRecord, bucket_of
+
+    rng = random.Random(3)
+    profile = make_profile(plain=[10, 10], spec=[24, 24], accept_length=2.0)
+    lock, loose = Goodput(profile, lead=0), Goodput(profile, lead=0)
+    _stream(lock, 1000, lambda i: 32 if i % 200 == 0 else 0)
+    _stream(loose, 1000, lambda i: 32 if i == 0 else sum(rng.random() < 0.16 / 32 for _ in range(32)))
+    b = bucket_of(32)
+    assert lock.prefill_estimates()["lockstep"] is True and loose.prefill_estimates()["lockstep"] is False
+    assert lock._interval[0][b] == lock.probe
+    assert 80 - 1 <= loose._interval[0][b] <= 80
+    # the decisions follow: over the next 1000 plain steps, no probe in lockstep, a dozen at random
+    probes = []
+    for p in (lock, loose):
+        n = 0
+        for _ in range(1000):
+            spec = p.decide(32)
+            n += spec
+            p.observe(StepRecord(32, True, (1,) * 32, 0.024) if spec else _plain(32))
+        probes.append(n)
+    assert probes[0] == 0 and 10 <= probes[1] <= 14, probes

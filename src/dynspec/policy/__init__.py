@@ -770,13 +770,23 @@ class Goodput(Policy):
         from_spec = (g - 1.0) / out + r / ts if g > 1.0 else r / ts
         # A probe from plain steps in lockstep (_scatter) splits each group of requests that
         # finish together into as many as its step's outcomes, for good: a forward's fixed cost
-        # more per extra group and wave, counted here for one wave.
+        # more per extra group, on this wave and on every one after it.  The first is the
+        # probe's own cost.  Once a refill has shown the lockstep (a first wave's is presumed),
+        # the later ones are a share of every step's output lost from then on (split over a
+        # request's life in plain steps, its output), paid out of the budget before any probe's
+        # own cost: where it alone exceeds the budget, probes from plain come as rarely as allowed.
+        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
+        spare = budget
         if self._lock:
             per, fixed = self._per_prefill, self._pf_fixed
             if fixed is not None and per is not None:
-                from_plain += (min(per, 1.0 + out) - 1.0) * min(fixed, tp) / tp
-        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
-        x, y = from_plain / budget, from_spec / budget
+                split = (min(per, 1.0 + out) - 1.0) * min(fixed, tp) / tp  # plain steps a wave
+                from_plain += split
+                if self._refilled:
+                    life = self._emitted / self._admitted  # > 0: a refill admitted requests
+                    spare -= split / life if life > 1.0 else split
+        x = from_plain / spare if spare > 0.0 else hi + 1.0
+        y = from_spec / budget
         iv = self._interval
         iv[0][b] = hi if x > hi else int(x) if x >= lo else lo  # (a NaN gives lo)
         iv[1][b] = hi if y > hi else int(y) if y >= lo else lo
