@@ -120,8 +120,8 @@ def test_the_lead_follows_how_far_finishes_come_together():
     assert lock.prefill_estimates()["lead"] == pytest.approx(0.05)
     assert loose.prefill_estimates()["lead"] == pytest.approx(0.01)
     between = groups.prefill_estimates()
-    assert between["lockstep"] is False and 0.03 < between["lead"] < 0.05, between
-    assert Goodput(lead=0.02).lead_apart == 0.02  # never above the lead itself
+    assert between["lockstep"] is False and Goodput().lead_apart + 0.005 < between["lead"] < 0.05, between
+    assert Goodput(lead=0.015).lead_apart == 0.015  # never above the lead itself
     told_nothing = Goodput()  # no prefills told (SGLang 0.5.23's adaptive protocol): the full lead
     _stream(told_nothing, 100, lambda i: 0)
     assert told_nothing.prefill_estimates()["lead"] == 0.05

@@ -153,7 +153,7 @@ def test_counters_follow_each_policy(runs):
         assert c["prompts_prefilled"] >= len(LEVELS) * N_PROMPTS and 0 < c["prefills"] <= c["prompts_prefilled"], arm
     est = good["prefill_estimates"]
     assert est["requests_per_burst"] >= 1 and est["output_per_request"] > 1 and est["fixed_ms"] > 0, est
-    assert 0.03 <= est["lead"] <= 0.05, est  # the lead as finishes come, between lead_apart and lead
+    assert 0.02 <= est["lead"] <= 0.05, est  # the lead as finishes come, between lead_apart and lead
     # how requests differ in acceptance, learned from pairs of speculative steps (goodput)
     acc = good["acceptance_estimates"]
     assert set(acc) == {"between_requests_variance", "requests_compared", "speculating_share"}, acc

@@ -137,3 +137,26 @@ def test_a_first_wave_is_not_taken_for_what_speculation_settles_at(monkeypatch, 
         mp.setattr(Goodput, "_settled", lambda self, a, f, regime=1.0: a)
         sampled = tps("dynamic")
     assert settled >= 0.925 * best and settled >= sampled + 0.02 * best, (settled / best, sampled / best)
+
+
+def test_an_outlier_among_the_first_requests_to_leave_does_not_run_the_spread_away():
+    """How requests differ is learned from those that leave, each one's own mean around the
+    arrivals'.  Member 0:60 at C=1 (lengths in [0.5, 1] x, 4x the requests): the first request to
+    leave accepted 4.3 drafts a step where arrivals average 1.8.  Centred on the population's
+    settled estimate, which itself leans on the spread, that outlier fed back until the spread
+    overflowed a float and the level raised; centred on the departed requests' own mean it
+    settles near the member's true spread (its Beta acceptance model, drawn here)."""
+    import numpy as np
+
+    from dynspec.sim.engine import solve_mean_rate
+
+    m = member(0, 60)
+    rate = solve_mean_rate(m.accept_length, m.concentration, m.num_steps)
+    r = np.random.default_rng(0).beta(rate * m.concentration, (1 - rate) * m.concentration, 200_000)
+    drafts = sum(r ** i for i in range(1, m.num_steps + 1))  # a request's mean accepted drafts
+    out = []
+    simulate_level(m.profile(), "dynamic", 1, engine_out=out, **level_requests(m, 1, 0.5, 4))
+    p = out[0].policy
+    assert p._departed > 100
+    assert p._var_between == pytest.approx(drafts.var(), rel=0.3), (p._var_between, drafts.var())
+    assert p._departed_mean == pytest.approx(drafts.mean(), abs=0.15)

@@ -455,7 +455,7 @@ class Goodput(Policy):
         dwell: int = 8,
         margin: float = 0.02,
         lead: float = 0.05,
-        lead_apart: float = 0.03,
+        lead_apart: float = 0.02,
         lead_batch: int = 32,
         alpha: float = 0.1,
         acc_alpha: float = 0.005,
@@ -525,6 +525,9 @@ class Goodput(Policy):
         # from those and from pairs of speculative steps at any batch size (_pair_sample).
         self._var_within: float | None = None
         self._var_between: float | None = None
+        self._departed = 0  # requests folded into those (_depart)
+        self._departed_mean: float | None = None  # their own means' mean: the arrivals'
+
         # Survivorship (_settled): the share of recent steps that speculated (an EMA over about
         # half a request's life: the regime the batch was formed in), per bucket the regime its
         # acceptance samples came from, and pairs of speculative steps (_pair_sample).
@@ -638,21 +641,31 @@ class Goodput(Policy):
         if len(self._req) > n + 4:  # requests that left: learn the spread from them, then forget
             keep = set(requests)
             gone = [rid for rid in self._req if rid not in keep]
-            pop = self._population(b, 0.0)  # own means spread around the arrivals' mean
             for rid in gone:
-                self._depart(self._req.pop(rid), pop)
+                self._depart(self._req.pop(rid))
         if self._var_between is not None:
             self._refresh(b)
 
-    def _depart(self, s: list, pop: float | None) -> None:
+    def _depart(self, s: list) -> None:
+        """Fold a departed request's own mean into the spread within and between requests.  Its
+        spread is taken around the mean of the requests that departed before it (every request
+        departs once, so they are the arrivals), not around an estimate that itself leans on the
+        spread: centred on the population's settled estimate, one outlier among the first
+        departures fed back through _settled and the spread grew without bound (member 0:60 at
+        C=1 overflowed a float)."""
         total, squares, n = s
-        if n < 2 or pop is None:
+        if n < 2:
             return
-        w, mean = self.REQ_WEIGHT, total / n
+        k = self._departed = self._departed + 1
+        w, mean = max(self.REQ_WEIGHT, 1.0 / k), total / n  # the first ones averaged, then an EMA
         within = max(squares - total * mean, 0.0) / (n - 1)
         self._var_within = within if self._var_within is None else self._var_within + w * (within - self._var_within)
-        # (mean - population)^2 holds the request's own noise, var_within / n, beside the spread
-        between = (mean - pop) ** 2 - self._var_within / n
+        centre = self._departed_mean
+        self._departed_mean = mean if centre is None else centre + w * (mean - centre)
+        if centre is None:
+            return
+        # (mean - centre)^2 holds the request's own noise, var_within / n, beside the spread
+        between = (mean - centre) ** 2 - self._var_within / n
         self._var_between = between if self._var_between is None else self._var_between + w * (between - self._var_between)
 
     def _times(self, b: int) -> tuple[float | None, float | None]:
