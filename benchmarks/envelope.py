@@ -15,6 +15,10 @@ crossover), beside what users would otherwise deploy; or one member, to reproduc
     .venv/bin/python benchmarks/envelope.py --family 200 [--seed 0] [--jobs 2] [--out FILE.csv]
     .venv/bin/python benchmarks/envelope.py --family-member S:I
 
+With --out, each member's rows go to FILE.csv.journal.jsonl as it finishes (dynspec.io.journal):
+the same command again resumes from there (a run with other options, or after the code changed,
+is refused in one line), and FILE.csv with FILE.csv.provenance.json are written whole at the end.
+
 Each level runs with seeds 0..N-1 (different per-request acceptance draws); the table
 shows mean throughputs and, per arm, the worst ratio over the seeds.  Exit status 1
 when the dynamic arm misses the target at any level for any seed.
@@ -28,6 +32,7 @@ import sys
 import time
 
 from dynspec.analysis.crossover import LEVELS, load_profiles, simulate_envelope
+from dynspec.io.journal import JournalError
 from dynspec.sim.run import DEFAULT_WORKLOAD
 
 TARGET = 0.97
@@ -60,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --family: rerun every member-level where dynamic is below the target with "
                          "simulator seeds 1..K-1 and judge it again on each arm's mean over seeds 0..K-1")
     args = ap.parse_args(argv)
+    args.argv = ["benchmarks/envelope.py", *(sys.argv[1:] if argv is None else argv)]
     if args.confirm == 1 or args.confirm < 0:
         ap.error(f"--confirm must be 0 (off) or at least 2 seeds, got {args.confirm}")
     if args.level_scale < 1:
@@ -95,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:  # the results schema plus seed, envelope and of_envelope
         import pandas as pd
 
-        df = pd.concat(frames, ignore_index=True)
-        df.to_parquet(args.out) if args.out.endswith(".parquet") else df.to_csv(args.out, index=False)
+        _write_frame(pd.concat(frames, ignore_index=True), args.out)
     return 0 if ok else 1
 
 
@@ -119,15 +124,25 @@ def family_main(args) -> int:
         members = [member(int(s), int(i))]
     else:
         members = [member(args.seed, i) for i in range(args.family)]
+    try:
+        journal = _journal(args, members[0].seed) if args.out else None
+    except JournalError as exc:
+        print(f"envelope.py: {exc}", file=sys.stderr)
+        return 2
     run = functools.partial(run_member, range_ratio=args.range_ratio, level_scale=args.level_scale)
-    if args.jobs > 1:
-        from multiprocessing import Pool
+    done = journal.done if journal else {}
+    todo = [m for m in members if f"member:{m.index}" not in done]
+    if len(todo) < len(members):
+        print(f"resuming {journal.path}: {len(members) - len(todo)} of {len(members)} members already simulated")
+    from tqdm import tqdm
 
-        with Pool(args.jobs) as pool:
-            parts = pool.map(run, members, chunksize=1)
-    else:
-        parts = [run(m) for m in members]
-    df = pd.DataFrame([r for part in parts for r in part])
+    bar = tqdm(_each(run, todo, args.jobs), total=len(todo), desc="members", unit="member", disable=None)
+    for rows in bar:  # as each member finishes: a crash keeps the ones before
+        if journal:
+            journal.add(f"member:{rows[0]['member']}", rows)
+        else:
+            done[f"member:{rows[0]['member']}"] = rows
+    df = pd.DataFrame([r for m in members for r in done[f"member:{m.index}"]])
     cpu = time.process_time() - t0 if args.jobs <= 1 else float("nan")
     if args.family_member:
         m = members[0]
@@ -158,15 +173,54 @@ def family_main(args) -> int:
     lengths = f" --range-ratio {args.range_ratio:g}" if args.range_ratio < 1 else ""
     lengths += f" --level-scale {args.level_scale}" if args.level_scale > 1 else ""
     print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}{lengths}")
-    conf = _confirm(df, members, args) if args.confirm else None
+    conf = _confirm(df, members, args, journal) if args.confirm else None
     ok = dyn.of_envelope.min() >= TARGET and dyn.of_envelope.median() >= FAMILY_MEDIAN
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} "
           f"({time.perf_counter() - w0:.0f} s wall" + (f", {cpu:.0f} s CPU)" if cpu == cpu else f", {args.jobs} jobs)"))
     if args.out:
-        df.to_parquet(args.out) if args.out.endswith(".parquet") else df.to_csv(args.out, index=False)
+        outputs = [_write_frame(df, args.out)]
         if conf is not None:
-            conf.to_csv(_confirm_path(args.out), index=False)
+            outputs.append(_write_frame(conf, _confirm_path(args.out)))
+        from dynspec import provenance
+
+        provenance.write(provenance.beside(args.out), "benchmarks/envelope.py --family",
+                         {**journal.config, "members": [m.index for m in members], "confirm": args.confirm,
+                          "journal": str(journal.path)}, argv=args.argv, outputs=outputs)
     return 0 if ok else 1
+
+
+def _journal(args, seed: int):
+    """The family run's journal beside --out (OUT.journal.jsonl): its config names what the rows
+    depend on (not how many members: member i is the same in any family of the same seed)."""
+    from dynspec.analysis.family import ARMS, LEVELS
+    from dynspec.io.journal import Journal, code_digest
+
+    config = {"family_seed": seed, "range_ratio": args.range_ratio, "level_scale": args.level_scale,
+              "arms": list(ARMS), "levels": list(LEVELS), "code": code_digest()}
+    return Journal(f"{args.out}.journal.jsonl", config)
+
+
+def _each(fn, items: list, jobs: int):
+    """fn(item) for each item, yielded as each finishes (on `jobs` processes when more than 1)."""
+    if jobs <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    from multiprocessing import Pool
+
+    with Pool(min(jobs, len(items))) as pool:
+        yield from pool.imap_unordered(fn, items, chunksize=1)
+
+
+def _write_frame(df, out: str):
+    """df to out (.parquet, else CSV), whole or not at all: a temporary file renamed over it."""
+    import os
+    from pathlib import Path
+
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_parquet(tmp) if path.suffix == ".parquet" else df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return path
 
 
 def _confirm_path(out: str) -> str:
@@ -175,9 +229,10 @@ def _confirm_path(out: str) -> str:
     return f"{stem if dot else out}.confirm.csv"
 
 
-def _confirm(df, members, args):
+def _confirm(df, members, args, journal=None):
     """--confirm K: each member-level where dynamic missed the target (against either envelope)
-    again with simulator seeds 1..K-1; judged on each arm's mean over seeds 0..K-1."""
+    again with simulator seeds 1..K-1; judged on each arm's mean over seeds 0..K-1.  With a
+    journal, each member's reruns are kept in it as they finish."""
     import pandas as pd
 
     from dynspec.analysis.family import CONFIRM_ARMS, confirm_levels
@@ -191,13 +246,15 @@ def _confirm(df, members, args):
     index = {m.index: m for m in members}
     tasks = [(index[mi], cs, tuple(range(1, args.confirm)), args.range_ratio, args.level_scale)
              for mi, cs in by_member.items()]
-    if args.jobs > 1:
-        from multiprocessing import Pool
+    done = journal.done if journal else {}
 
-        with Pool(args.jobs) as pool:
-            parts = pool.map(confirm_levels, tasks, chunksize=1)
-    else:
-        parts = [confirm_levels(t) for t in tasks]
+    def key(mi, cs):
+        return f"confirm:{mi}:{','.join(map(str, cs))}:seeds-1-{args.confirm - 1}"
+
+    for rows in _each(confirm_levels, [t for t in tasks if key(t[0].index, t[1]) not in done], args.jobs):
+        cs = tuple(sorted({r["concurrency"] for r in rows}))
+        (journal.add if journal else done.__setitem__)(key(rows[0]["member"], cs), rows)
+    parts = [done[key(t[0].index, t[1])] for t in tasks]
     tps = df.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
     first = [{"member": mi, "concurrency": c, "sim_seed": 0, **{a: tps.loc[(mi, c), a] for a in CONFIRM_ARMS}}
              for mi, c in zip(missed.member, missed.concurrency)]
