@@ -35,6 +35,9 @@ def test_a_journal_of_another_run_is_refused_and_left_as_it_is(tmp_path):
     path.write_text("not json\n")
     with pytest.raises(JournalError, match="not JSON"):
         Journal(path, {"seed": 0})
+    path.write_text('{"config": 7}\n')
+    with pytest.raises(JournalError, match="not a dynspec journal"):
+        Journal(path, {"seed": 0})
     path.write_text('{"config": {"seed": 0}}\n[1, 2]\n')
     with pytest.raises(JournalError, match=r":2: not a journal entry"):
         Journal(path, {"seed": 0})

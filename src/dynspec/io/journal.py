@@ -53,7 +53,7 @@ class Journal:
         torn = not text.endswith("\n")  # a crash mid-append: the last line is not whole
         whole = lines[:-1]  # text ends with "\n" or the last piece is torn: either way not a whole line
         first = loads(whole[0], f"{self.path}:1", JournalError) if whole else None
-        if not isinstance(first, dict) or "config" not in first:
+        if not isinstance(first, dict) or not isinstance(first.get("config"), dict):
             raise JournalError(f"{self.path}: not a dynspec journal (no config on line 1)")
         if first["config"] != self.config:
             differ = sorted(k for k in set(first["config"]) | set(self.config)
