@@ -216,9 +216,13 @@ def _write_frame(df, out: str):
     import os
     from pathlib import Path
 
+    from dynspec.io.atomic import write_text
+
     path = Path(out)
+    if path.suffix != ".parquet":
+        return write_text(path, df.to_csv(index=False))
     tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp) if path.suffix == ".parquet" else df.to_csv(tmp, index=False)
+    df.to_parquet(tmp)
     os.replace(tmp, path)
     return path
 
