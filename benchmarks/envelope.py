@@ -15,6 +15,11 @@ crossover), beside what users would otherwise deploy; or one member, to reproduc
     .venv/bin/python benchmarks/envelope.py --family 200 [--seed 0] [--jobs 2] [--out FILE.csv]
     .venv/bin/python benchmarks/envelope.py --family-member S:I
 
+Each arm's throughput is also measured over the level's steady state (the requests sent after the
+first wave and finished by the last send, as C x tokens / latency: the closed loop's start and
+drain left out; `steady_*` columns, dynspec.analysis.family.level_throughputs), and that
+distribution printed too.
+
 With --out, each member's rows go to FILE.csv.journal.jsonl as it finishes (dynspec.io.journal):
 the same command again resumes from there (a run with other options, or after the code changed,
 is refused in one line), and FILE.csv with FILE.csv.provenance.json are written whole at the end.
@@ -160,6 +165,13 @@ def family_main(args) -> int:
           "the policy's own error):")
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_switching)}")
+    if "steady_of_switching" in df:  # rows journaled before the steady state was measured have none
+        print("over the steady state (requests after the first wave that finished by the last send: the "
+              "closed loop's start and drain left out) / max(never, eagle3) on the switching server:")
+        for arm in ARMS:
+            print(f"  {arm:22s} {_distribution(df[df.arm == arm].steady_of_switching)}")
+        print(f"  {'dynamic / max(baseline, eagle3)':22s} "
+              f"{_distribution(df[df.arm == 'dynamic'].steady_of_envelope)}")
     tps = df.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
     capped = tps[["never", "eagle3"]].max(axis=1) < TARGET * tps[["baseline", "eagle3"]].max(axis=1)
     print(f"the switching server's own best is below {TARGET} of max(baseline, eagle3) at {int(capped.sum())} "

@@ -151,6 +151,52 @@ def test_a_longer_level_amortizes_what_the_policy_learns_once():
     assert long > short + 0.003, (short, long)
 
 
+def test_the_steady_state_is_the_waves_between_the_first_and_the_drain():
+    """level_throughputs: the steady figure is C x tokens / latency over the requests sent after
+    the first wave and finished by the last send.  A plain server's fixed-length closed loop runs
+    in waves, each sent at one moment, so that is waves 2 .. W-1: (W - 2) x C x L tokens over the
+    time from the second wave's send to the last's.  Counting the first wave (its prompts all
+    prefill before any decodes) or the drain, or timing a window instead of the requests' own
+    lives, misses the exact figure."""
+    from dynspec.analysis.family import level_requests, level_throughputs
+    from dynspec.sim.run import simulate_level
+
+    m, c = member(0, 72), 31
+    work = level_requests(m, c)
+    n, out = work["num_prompts"], m.output_len
+    whole, steady = level_throughputs(m.profile(), "baseline", c, **work)
+    _, records = simulate_level(m.profile(), "baseline", c, **work)
+    sends = sorted({r.start for r in records})
+    assert len(sends) == math.ceil(n / c) >= 4  # waves: every request of one is sent at one moment
+    middle = (n - 1) // c - 1  # whole waves between the first and the last
+    assert steady == pytest.approx(middle * c * out / (sends[-1] - sends[1]), rel=1e-12)
+    assert whole == simulate_level(m.profile(), "baseline", c, **work)[0]["output_throughput"]
+
+
+def test_the_steady_state_does_not_depend_on_how_long_the_level_runs():
+    """Member 0:72 at C=63, fixed lengths: EAGLE-3 scatters finishes, so its last requests drain at
+    a falling batch while the plain lockstep's last wave ends together, and a five-wave level
+    charges it for that.  Over the steady state EAGLE-3 / never is about what a level of 8x the
+    requests gives (simulated: whole run 0.864 at 1x, 0.951 at 8x; steady 0.995 and 0.967: at 1x
+    EAGLE-3's middle waves still keep some of the first wave's lockstep), and for a TTFT-heavy
+    member where the drain and the first wave's prefill nearly cancel (0:49 at C=256) it agrees
+    with the whole run at any length.  run_member's steady columns are each arm's share of the best."""
+    def ratios(mi, c, scale):
+        rows = run_member(member(0, mi), arms=("dynamic",), levels=(c,), level_scale=scale)
+        by = {r["arm"]: r for r in rows if r["concurrency"] == c}
+        return by, by["eagle3"]["output_throughput"] / by["never"]["output_throughput"], \
+            by["eagle3"]["steady_throughput"] / by["never"]["steady_throughput"]
+
+    by, whole, steady = ratios(72, 63, 1)
+    _, whole8, steady8 = ratios(72, 63, 8)
+    assert whole < 0.9 < 0.95 < whole8 and abs(steady8 - whole8) < 0.03 and steady > whole + 0.1
+    _, whole, steady = ratios(49, 256, 1)
+    assert abs(steady - whole) < 0.01, (whole, steady)
+    best = max(by["never"]["steady_throughput"], by["eagle3"]["steady_throughput"])
+    assert by["dynamic"]["steady_of_switching"] == pytest.approx(by["dynamic"]["steady_throughput"] / best)
+    assert max(by["never"]["steady_of_switching"], by["eagle3"]["steady_of_switching"]) == 1.0
+
+
 def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     """Member 0:156 (EAGLE-3 1.10x per step at every batch) at C=1 and 2, varied lengths: with an
     EMA of accepted drafts over about 50 requests (acc_alpha 0.02) an unlucky run turns speculation
@@ -215,7 +261,14 @@ def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, mo
     ratios = (d["dynamic"] / own).sort_values()  # the CSV's order: worst first
     alone = [fv.tps(member(0, 5), "policy:goodput:lead=0.3", int(c)) / own[c] for c in ratios.index]
     assert np.allclose(r["goodput:lead=0.3"], alone)
-    assert "below 0.97" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "below 0.97" in out
+    # each spec's member-levels that moved by more than 1% against the CSV's dynamic arm
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines["goodput"].endswith("rose / fell by more than 1%: 0 / 0")
+    d = r["goodput:lead=0.3"] - r["dynamic (from the CSV)"]
+    assert lines["goodput:lead=0.3"].endswith(f"rose / fell by more than 1%: {(d > 0.01).sum()} / {(d < -0.01).sum()}")
+    assert "rose" not in lines["dynamic"]
     # --out writes each row under its member-level
     assert list(r.index.names) == ["member", "concurrency"]
     assert list(r.index.get_level_values("concurrency")) == list(ratios.index)
@@ -226,6 +279,15 @@ def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, mo
     for k in (2, 1):
         r = fv.variants(str(csv), ["goodput"], 0, 0, 0, 1.0, every=True, level_scale=k)
         assert np.allclose(r["goodput"], r["dynamic (from the CSV)"]) == (k == 2), (k, r)
+    # --steady: judged over each level's steady state, the CSV's own steady ratios reproduced
+    r = fv.variants(str(csv), ["goodput"], 0, 0, 0, 1.0, every=True, level_scale=2, steady=True)
+    dyn = {row["concurrency"]: row["steady_of_switching"] for row in rows if row["arm"] == "dynamic"}
+    got = r["dynamic (from the CSV)"]
+    assert got.tolist() == pytest.approx([dyn[c] for c in got.index.get_level_values("concurrency")])
+    assert np.allclose(r["goodput"], r["dynamic (from the CSV)"])
+    pd.DataFrame(rows).drop(columns=["steady_throughput"]).to_csv(csv, index=False)
+    with pytest.raises(SystemExit, match="no steady_throughput column"):
+        fv.variants(str(csv), ["goodput"], 0, 0, 0, 1.0, every=True, level_scale=2, steady=True)
 
 
 def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):

@@ -213,6 +213,27 @@ def level_requests(m: Member, c: int, range_ratio: float = 1.0, level_scale: int
     return dict(lengths=[(m.input_len, o) for o in draw_lengths(rng, n, m.output_len, range_ratio)])
 
 
+def level_throughputs(profile: Profile, arm: str, c: int, seed: int = 0, **work) -> tuple[float, float]:
+    """Simulated output tok/s of one closed-loop level over the whole run and over its steady
+    state.  A closed loop starts with all C prompts at once (one wave, prefilled before anything
+    decodes) and ends in a drain (after the last request is sent the batch empties); a server
+    under constant load has neither.  Speculation's scattered finishes pay more of the drain than a
+    plain lockstep, whose last wave ends together, and where prefill is most of the work the two
+    ends nearly cancel.  The steady figure leaves both out: C clients' back-to-back requests as
+    Little's law has it, C x tokens / latency summed over the requests sent after the first ones
+    and finished by the last send (each one's whole life, prefill included, spent among C in
+    flight).  A time window would not do: cut where a lockstep has split into groups it holds the
+    prefills of groups sent before the cut without their tokens."""
+    from dynspec.sim.run import simulate_level
+
+    metrics, records = simulate_level(profile, arm, c, seed=seed, **work)
+    first, last = min(r.start for r in records), max(r.start for r in records)
+    done = [r for r in records if first < r.start and r.end <= last]
+    busy = sum(r.end - r.start for r in done)
+    steady = c * sum(r.output_tokens for r in done) / busy if busy > 0 else math.nan
+    return metrics["output_throughput"], steady
+
+
 def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_ratio: float = 1.0,
                level_scale: int = 1) -> list[dict]:
     """Simulated output tok/s of baseline, eagle3 and `arms` at each level: one row per (arm, level),
@@ -228,18 +249,20 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
 
     level_scale: each level serves that many times max(5C, 50) requests, so what a level costs
     once (the policy learning from nothing, the last requests draining) weighs less."""
-    from dynspec.sim.run import simulate_level
 
     p = m.profile()
     cs = levels_for(m, levels)
     work = {c: level_requests(m, c, range_ratio, level_scale) for c in cs}  # drawn once: every arm the same
 
-    def tps(profile, arm, c):
-        return simulate_level(profile, arm, c, seed=sim_seed, **work[c])[0]["output_throughput"]
+    steady: dict[str, dict[int, float]] = {}
+
+    def tps(profile, arm, c, name):
+        whole, steady.setdefault(name, {})[c] = level_throughputs(profile, arm, c, sim_seed, **work[c])
+        return whole
 
     # "never": plain steps on the switching server, catch-up paid: with eagle3, the best a server
     # that can switch does at a level by choosing one mode for it (the policy's own error is against this).
-    got = {a: {c: tps(p, a if a != "never" else "policy:never", c) for c in cs} for a in ("baseline", "eagle3", "never")}
+    got = {a: {c: tps(p, a if a != "never" else "policy:never", c, a) for c in cs} for a in ("baseline", "eagle3", "never")}
     cutoff = hindsight_cutoff(got["baseline"], got["eagle3"])
     spec_of = {"dynamic": ("dynamic", None), "threshold:32": ("policy:threshold:32", 32),
                "sglang-default-tiers": ("policy:sglang-default-tiers", None),
@@ -249,14 +272,22 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
     for a in arms:
         arm, always_on_to = spec_of[a]
         # At or below its cutoff a static arm never leaves speculation: it is the eagle3 arm exactly.
-        got[a] = {c: got["eagle3"][c] if always_on_to and c <= always_on_to
-                  else tps(k0 if a == "vllm-k0" else p, arm, c) for c in cs}
+        for c in cs:
+            if always_on_to and c <= always_on_to:
+                got.setdefault(a, {})[c], steady.setdefault(a, {})[c] = got["eagle3"][c], steady["eagle3"][c]
+            else:
+                got.setdefault(a, {})[c] = tps(k0 if a == "vllm-k0" else p, arm, c, a)
     rows = []
     for a, by_c in got.items():
         for c, v in by_c.items():
             env, own = max(got["baseline"][c], got["eagle3"][c]), max(got["never"][c], got["eagle3"][c])
+            st = steady[a][c]
+            st_env = max(steady["baseline"][c], steady["eagle3"][c])
+            st_own = max(steady["never"][c], steady["eagle3"][c])
             rows.append({"member": m.index, "arm": a, "concurrency": c, "output_throughput": v,
-                         "envelope": env, "of_envelope": v / env, "of_switching": v / own, "cutoff": cutoff})
+                         "envelope": env, "of_envelope": v / env, "of_switching": v / own, "cutoff": cutoff,
+                         "steady_throughput": st, "steady_of_envelope": st / st_env,
+                         "steady_of_switching": st / st_own})
     return rows
 
 

@@ -62,7 +62,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
                    input_len: int = DEFAULT_WORKLOAD.input_len, output_len: int = DEFAULT_WORKLOAD.output_len,
                    seed: int = 0, engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
                    burstiness: float = 1.0, lengths: list[tuple[int, int]] | None = None,
-                   percentiles=DEFAULT_PERCENTILES, slo: dict | None = None) -> tuple[dict, list[RequestRecord]]:
+                   percentiles=DEFAULT_PERCENTILES, slo: dict | None = None,
+                   on_step=None) -> tuple[dict, list[RequestRecord]]:
     """Run one (arm, level); return the metric columns and per-request records.
 
     Closed loop (request_rate inf): at most `concurrency` requests in flight, the next sent when
@@ -72,6 +73,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     lengths: (input, output) tokens per request, instead of input_len/output_len for all.
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
     catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
+    on_step(engine, step), when given, is called after every engine step (benchmarks/trace_level.py).
     """
     from dynspec.sim.arrivals import arrival_times
 
@@ -101,6 +103,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
                 break
             engine.advance_to(arrive[sent])  # idle until the next arrival
             continue
+        if on_step is not None:
+            on_step(engine, step)
         for req in step.finished:
             in_flight -= 1
             records.append(RequestRecord(
