@@ -165,13 +165,11 @@ def family_main(args) -> int:
           "the policy's own error):")
     for arm in ARMS:
         print(f"  {arm:22s} {_distribution(df[df.arm == arm].of_switching)}")
-    if "steady_of_switching" in df:  # rows journaled before the steady state was measured have none
-        print("over the steady state (requests after the first wave that finished by the last send: the "
-              "closed loop's start and drain left out) / max(never, eagle3) on the switching server:")
-        for arm in ARMS:
-            print(f"  {arm:22s} {_distribution(df[df.arm == arm].steady_of_switching)}")
-        print(f"  {'dynamic / max(baseline, eagle3)':22s} "
-              f"{_distribution(df[df.arm == 'dynamic'].steady_of_envelope)}")
+    print("over the steady state (requests after the first wave that finished by the last send: the "
+          "closed loop's start and drain left out) / max(never, eagle3) on the switching server:")
+    for arm in ARMS:
+        print(f"  {arm:22s} {_distribution(df[df.arm == arm].steady_of_switching)}")
+    print(f"  {'dynamic / max(baseline, eagle3)':22s} {_distribution(df[df.arm == 'dynamic'].steady_of_envelope)}")
     tps = df.pivot_table(index=["member", "concurrency"], columns="arm", values="output_throughput")
     capped = tps[["never", "eagle3"]].max(axis=1) < TARGET * tps[["baseline", "eagle3"]].max(axis=1)
     print(f"the switching server's own best is below {TARGET} of max(baseline, eagle3) at {int(capped.sum())} "
@@ -224,19 +222,12 @@ def _each(fn, items: list, jobs: int):
 
 
 def _write_frame(df, out: str):
-    """df to out (.parquet, else CSV), whole or not at all: a temporary file renamed over it."""
-    import os
-    from pathlib import Path
+    """df to out (.parquet, else CSV), whole or not at all (dynspec.io.atomic)."""
+    from dynspec.io.atomic import write_bytes, write_text
 
-    from dynspec.io.atomic import write_text
-
-    path = Path(out)
-    if path.suffix != ".parquet":
-        return write_text(path, df.to_csv(index=False))
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp)
-    os.replace(tmp, path)
-    return path
+    if out.endswith(".parquet"):
+        return write_bytes(out, df.to_parquet())
+    return write_text(out, df.to_csv(index=False))
 
 
 def _confirm_path(out: str) -> str:

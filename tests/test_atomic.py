@@ -21,8 +21,10 @@ def test_write_creates_folders_and_replaces_whole(tmp_path):
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     path = tmp_path / "f.txt"
     write_text(path, "old\n")
+    from dynspec.io.atomic import write_bytes
+
     with pytest.raises(TypeError):
-        write_text(path, 42)  # not text: fails inside the write
+        write_bytes(path, 42)  # not bytes: fails inside the write, after the temp file exists
     assert path.read_text() == "old\n" and sorted(x.name for x in tmp_path.iterdir()) == ["f.txt"]
 
 

@@ -1,6 +1,6 @@
 """Files written whole or not at all, and appends that never follow a link.
 
-write_text: a new temporary file beside the target (mkstemp: O_EXCL, so a planted name or
+write_text / write_bytes: a new temporary file beside the target (mkstemp: O_EXCL, so a planted name or
 symbolic link is never followed), synced, renamed over the target.  A crash leaves the
 old file or the new one, never half of either.  open_append: for logs and tables that grow
 a line at a time (results.ResultsWriter, the arms' server logs), refusing a link.
@@ -16,12 +16,16 @@ from typing import Any, BinaryIO
 
 
 def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the group that shares a run folder
