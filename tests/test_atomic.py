@@ -40,6 +40,12 @@ def test_a_planted_temp_name_or_link_is_never_written_through(tmp_path):
     write_text(run / "config.yaml", "a: 1\n")
     write_json(run / "run.json", {"a": 1})
     assert outside.read_text() == "keep\n" and (run / "config.yaml").read_text() == "a: 1\n"
+    # results tables too (results.write_table used PATH.tmp, unsynced, until the twentieth session)
+    from dynspec.results import make_row, read_table, write_table
+
+    (run / "results.csv.tmp").symlink_to(outside)
+    write_table([make_row({"arm": "baseline", "concurrency": 4}, {"output_throughput": 10.0})], run / "results.csv")
+    assert outside.read_text() == "keep\n" and read_table(run / "results.csv").output_throughput.tolist() == [10.0]
     (run / "sweep.log").symlink_to(outside)
     with pytest.raises(OSError):
         open_append(run / "sweep.log")

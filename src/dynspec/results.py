@@ -297,7 +297,7 @@ def read_rows(path: Path) -> tuple[list[dict], bool]:
 
 
 def write_table(rows: Sequence[dict], path: str | Path) -> Path:
-    """Write rows to .csv or .parquet atomically (temp file, then rename)."""
+    """Write rows to .csv or .parquet, whole or not at all (dynspec.io.atomic)."""
     import pandas as pd
 
     path = Path(path)
@@ -309,13 +309,10 @@ def write_table(rows: Sequence[dict], path: str | Path) -> Path:
     full = [make_row(*_split(r)) for r in rows]
     extra = sorted({k for r in full for k in r} - set(RESULT_COLUMNS), key=lambda c: (c.split("_")[1], c))
     df = pd.DataFrame(full, columns=RESULT_COLUMNS + extra)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".csv":
-        df.to_csv(tmp, index=False)
-    else:
-        df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    from dynspec.io.atomic import write_bytes
+
+    data = df.to_csv(index=False).encode() if path.suffix == ".csv" else df.to_parquet(index=False)
+    return write_bytes(path, data)
 
 
 def read_table(path: str | Path):

@@ -296,12 +296,11 @@ CONFIRM_ARMS = {"baseline": "baseline", "eagle3": "eagle3", "never": "policy:nev
 
 def confirm_levels(task: tuple[Member, tuple[int, ...], tuple[int, ...], float, int]) -> list[dict]:
     """Rerun member-levels with other simulator seeds: one row per (level, sim seed) with each of
-    CONFIRM_ARMS' output tok/s.  A seed changes the requests' acceptance draws; in a closed loop a
+    CONFIRM_ARMS' output tok/s over the whole run and, as `steady_<arm>`, over its steady state
+    (level_throughputs).  A seed changes the requests' acceptance draws; in a closed loop a
     different decision early changes which requests share later steps, so one seed's ratio of two
     arms moves by a few percent at small batches (docs/POLICIES.md), and a level that misses the
     target once is judged again on the mean over seeds.  One tuple argument: a Pool maps it."""
-    from dynspec.sim.run import simulate_level
-
     m, cs, seeds, range_ratio, level_scale = task
     p = m.profile()
     rows = []
@@ -310,6 +309,6 @@ def confirm_levels(task: tuple[Member, tuple[int, ...], tuple[int, ...], float, 
         for s in seeds:
             row = {"member": m.index, "concurrency": c, "sim_seed": s}
             for name, arm in CONFIRM_ARMS.items():
-                row[name] = simulate_level(p, arm, c, seed=s, **work)[0]["output_throughput"]
+                row[name], row[f"steady_{name}"] = level_throughputs(p, arm, c, s, **work)
             rows.append(row)
     return rows
