@@ -418,6 +418,7 @@ BAD_SPECS = [
     ("goodput:margin=nan", "not a finite number"),
     ("goodput:speed=3", "unknown option 'speed'"),
     ("goodput:times=2", "times must be 0 or 1"),
+    ("goodput:merge=yes", "merge must be 0 or 1"),
     ("goodput:lead_batch=0", "lead_batch>=1"),
     ("goodput:lead_batch=2.5", "lead_batch='2.5' is not an integer"),
     ("goodput:lead_apart=1", "0<=lead_apart<1"),
