@@ -40,6 +40,7 @@ import sys
 import time
 
 from dynspec.analysis.crossover import LEVELS, load_profiles, simulate_envelope
+from dynspec.io.atomic import write_frame
 from dynspec.io.journal import JournalError
 from dynspec.sim.run import DEFAULT_WORKLOAD
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:  # the results schema plus seed, envelope and of_envelope
         import pandas as pd
 
-        _write_frame(pd.concat(frames, ignore_index=True), args.out)
+        write_frame(args.out, pd.concat(frames, ignore_index=True))
     return 0 if ok else 1
 
 
@@ -202,9 +203,9 @@ def family_main(args) -> int:
           f"/ max(never, eagle3){seeds}: worst {own.min():.3f} (member {seed}:{own.idxmin()[0]} at "
           f"C={own.idxmin()[1]}), median {own.median():.3f}")
     if args.out:
-        outputs = [_write_frame(df, args.out)]
+        outputs = [write_frame(args.out, df)]
         if conf is not None:
-            outputs.append(_write_frame(conf, _confirm_path(args.out)))
+            outputs.append(write_frame(_confirm_path(args.out), conf))
         from dynspec import provenance
 
         provenance.write(provenance.beside(args.out), "benchmarks/envelope.py --family",
@@ -233,15 +234,6 @@ def _each(fn, items: list, jobs: int):
 
     with Pool(min(jobs, len(items))) as pool:
         yield from pool.imap_unordered(fn, items, chunksize=1)
-
-
-def _write_frame(df, out: str):
-    """df to out (.parquet, else CSV), whole or not at all (dynspec.io.atomic)."""
-    from dynspec.io.atomic import write_bytes, write_text
-
-    if out.endswith(".parquet"):
-        return write_bytes(out, df.to_parquet())
-    return write_text(out, df.to_csv(index=False))
 
 
 def _confirm_path(out: str) -> str:

@@ -94,15 +94,15 @@ def test_a_family_run_resumes_from_its_journal_and_simulates_only_what_is_missin
     assert len(err) == 1 and "made by another run (differs in range_ratio)" in err[0]
 
 
-def test_envelope_writes_its_table_whole_as_csv_or_parquet(tmp_path):
-    """benchmarks/envelope.py's --out goes through dynspec.io.atomic: the table reads back as
-    written, and no temporary file is left beside it."""
+def test_a_table_is_written_whole_as_csv_or_parquet(tmp_path):
+    """dynspec.io.atomic.write_frame (envelope.py's --out, results.write_table): the table reads
+    back as written, and no temporary file is left beside it."""
     import pandas as pd
-    from benchmark_scripts import load
 
-    env = load("envelope")
+    from dynspec.io.atomic import write_frame
+
     df = pd.DataFrame({"member": [0, 1], "arm": ["dynamic", "eagle3"], "of_switching": [0.97, 1.0]})
     for name, read in (("f.parquet", pd.read_parquet), ("f.csv", pd.read_csv)):
-        out = env._write_frame(df, str(tmp_path / name))
+        out = write_frame(tmp_path / name, df)
         pd.testing.assert_frame_equal(read(out), df)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.parquet"]

@@ -309,10 +309,9 @@ def write_table(rows: Sequence[dict], path: str | Path) -> Path:
     full = [make_row(*_split(r)) for r in rows]
     extra = sorted({k for r in full for k in r} - set(RESULT_COLUMNS), key=lambda c: (c.split("_")[1], c))
     df = pd.DataFrame(full, columns=RESULT_COLUMNS + extra)
-    from dynspec.io.atomic import write_bytes
+    from dynspec.io.atomic import write_frame
 
-    data = df.to_csv(index=False).encode() if path.suffix == ".csv" else df.to_parquet(index=False)
-    return write_bytes(path, data)
+    return write_frame(path, df)
 
 
 def read_table(path: str | Path):

@@ -1,6 +1,6 @@
 """Files written whole or not at all, and appends that never follow a link.
 
-write_text / write_bytes: a new temporary file beside the target (mkstemp: O_EXCL, so a planted name or
+write_text / write_bytes / write_frame / write_json: a new temporary file beside the target (mkstemp: O_EXCL, so a planted name or
 symbolic link is never followed), synced, renamed over the target.  A crash leaves the
 old file or the new one, never half of either.  open_append: for logs and tables that grow
 a line at a time (results.ResultsWriter, the arms' server logs), refusing a link.
@@ -33,6 +33,12 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     finally:
         Path(tmp).unlink(missing_ok=True)  # only left when the write failed
     return path
+
+
+def write_frame(path: str | Path, df: Any) -> Path:
+    """A pandas DataFrame to .parquet, else CSV (no index), whole or not at all."""
+    parquet = str(path).endswith(".parquet")
+    return write_bytes(path, df.to_parquet(index=False) if parquet else df.to_csv(index=False).encode())
 
 
 def write_json(path: str | Path, data: Any, indent: int = 2) -> Path:
