@@ -237,9 +237,9 @@ def _each(fn, items: list, jobs: int):
 
 
 def _confirm_path(out: str) -> str:
-    """Where --confirm's rows go beside --out: F.csv -> F.confirm.csv."""
-    stem, dot, _ = out.rpartition(".")
-    return f"{stem if dot else out}.confirm.csv"
+    """Where --confirm's rows go beside --out, in its format: F.csv -> F.confirm.csv, F.parquet -> F.confirm.parquet."""
+    stem, dot, ext = out.rpartition(".")
+    return f"{stem}.confirm.{ext}" if dot and ext in ("csv", "parquet") else f"{out}.confirm.csv"
 
 
 def _confirm(df, members, args, journal=None):

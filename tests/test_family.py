@@ -371,3 +371,16 @@ def test_envelope_refuses_bad_family_options_in_one_line(argv, says, capsys):
         load("envelope").main(argv)
     err = capsys.readouterr().err
     assert info.value.code == 2 and says in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("out, confirm", [
+    ("runs/f.csv", "runs/f.confirm.csv"),
+    ("runs/f.parquet", "runs/f.confirm.parquet"),
+    ("runs.d/f", "runs.d/f.confirm.csv"),
+])
+def test_confirm_rows_go_beside_out_in_its_format(out, confirm):
+    """--confirm's table takes --out's format (a parquet run used to get a CSV beside it), and a
+    dot in a folder's name is not taken for an extension."""
+    from benchmark_scripts import load
+
+    assert load("envelope")._confirm_path(out) == confirm
