@@ -5,7 +5,7 @@ mean up to 8 requests, the population's above).  This replaces that estimate wit
 simulator holds: the mean over the running requests of their expected accepted drafts per step
 (rate r, num_steps n: r + r^2 + ... + r^n), re-read before every decision; step times, probes,
 lead and everything else stay goodput's.  What is left below the switching server's best is then
-not the acceptance estimate's error (with fixed output lengths: the lock-step, docs/POLICIES.md).
+not the acceptance estimate's error (with fixed output lengths: the lock-step, docs/FAMILY_LOG.md).
 
 Reads the CSV (or .parquet) of `benchmarks/envelope.py --family N --out F.csv` (with
 `--range-ratio R`, give the same R) and simulates, on its `--worst` lowest dynamic member-levels

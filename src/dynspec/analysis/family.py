@@ -245,7 +245,7 @@ def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_rat
     (bench_serving's --random-range-ratio), the same draws for every arm at a level.  With one
     fixed length a plain server's requests finish together, so their next prompts prefill in one
     batch, while speculation scatters the finishes and with them the prefills: a cost of the
-    benchmark's lockstep that varied lengths do not have (docs/POLICIES.md).
+    benchmark's lockstep that varied lengths do not have (docs/FAMILY_LOG.md).
 
     level_scale: each level serves that many times max(5C, 50) requests, so what a level costs
     once (the policy learning from nothing, the last requests draining) weighs less."""
@@ -299,7 +299,7 @@ def confirm_levels(task: tuple[Member, tuple[int, ...], tuple[int, ...], float, 
     CONFIRM_ARMS' output tok/s over the whole run and, as `steady_<arm>`, over its steady state
     (level_throughputs).  A seed changes the requests' acceptance draws; in a closed loop a
     different decision early changes which requests share later steps, so one seed's ratio of two
-    arms moves by a few percent at small batches (docs/POLICIES.md), and a level that misses the
+    arms moves by a few percent at small batches (docs/FAMILY_LOG.md), and a level that misses the
     target once is judged again on the mean over seeds.  One tuple argument: a Pool maps it."""
     m, cs, seeds, range_ratio, level_scale = task
     p = m.profile()

@@ -728,7 +728,7 @@ class Goodput(Policy):
         prompts (the most tokens one held over prompt tokens per request), and what merging
         saves is 1 - 1/c of that: prompts near a chunk's size take a forward each anyway.
         (Simulated, family 0 at five waves, varied lengths: member-levels below 0.97 of
-        max(never, EAGLE-3) over the steady state 132 -> 68; docs/POLICIES.md.)"""
+        max(never, EAGLE-3) over the steady state 132 -> 68; docs/FAMILY_LOG.md.)"""
         fixed = self._pf_fixed
         per = self._prompt_tokens / self._admitted if self._admitted > 0.0 else 0.0
         if fixed is None or per <= 0.0 or self._pf_max_tokens <= per:
