@@ -4,7 +4,8 @@ The patched server tells the policy every prefill result (`note_prefill`); goodp
 /get_server_info whether finishes came in lockstep (docs/POLICIES.md, "Finishes that come
 together").  The live sweep saves /get_server_info after each level in scrapes/; this prints,
 per level, the prompts prefilled and forwards in it (differences of the counters), the decode
-steps, and goodput's estimates after it (EMAs over the server's life, mostly that level's):
+steps and the speculative ones among them, and goodput's estimates after it (EMAs over the
+server's life, mostly that level's):
 
     python benchmarks/lockstep_read.py RUN_DIR [RUN_DIR ...]
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from dynspec.live.server_info import dynspec_state
 
 SCRAPE = re.compile(r"(?P<arm>.+)_c(?P<c>\d+)_r(?P<r>\d+)\.json(\.gz)?$")
-COUNTERS = ("prompts_prefilled", "prefills", "steps")
+COUNTERS = ("prompts_prefilled", "prefills", "steps", "steps_spec")
 
 
 def _load(path: Path) -> dict:
