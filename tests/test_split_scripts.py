@@ -146,3 +146,37 @@ def test_a_run_without_request_records_is_refused_in_one_line(tmp_path, capsys, 
     monkeypatch.setattr(sys, "argv", ["wave_split.py", str(tmp_path)])
     assert ws.main() == 2
     assert "no per-request records" in capsys.readouterr().err
+
+
+def _info(**dynspec) -> dict:
+    return {"internal_states": [{"dynspec": dynspec}]} if dynspec else {"internal_states": [{}]}
+
+
+def test_lockstep_read_gives_each_level_its_own_counters(tmp_path, capsys):
+    """Counters in /get_server_info run over the server's life; a level's are after minus before,
+    speculative steps included (a probe that split a closed loop shows beside its extra forwards).
+    A plain server's scrapes carry no dynspec block and give no row."""
+    run = tmp_path / "run"
+    (run / "scrapes").mkdir(parents=True)
+
+    def scrape(name, before, after):  # gzipped as the committed runs keep them, or as a sweep writes them
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(run / "scrapes" / name, "wt") as f:
+            json.dump({"before": {"server_info": before}, "after": {"server_info": after}}, f)
+
+    life = {"prompts_prefilled": 4, "prefills": 4, "steps": 137, "steps_spec": 6}
+    after0 = {"prompts_prefilled": 84, "prefills": 24, "steps": 1417, "steps_spec": 6,
+              "prefill_estimates": {"lockstep": True, "requests_per_prefill": 4.2}}
+    after1 = {"prompts_prefilled": 164, "prefills": 53, "steps": 2747, "steps_spec": 7}
+    scrape("goodput_c8_r0.json.gz", _info(**life), _info(**after0))
+    scrape("goodput_c8_r1.json", _info(**after0), _info(**after1))
+    scrape("plain_c8_r0.json.gz", _info(), _info())
+    lr = load("lockstep_read")
+    rows = lr.rows(run)
+    assert [(r["arm"], r["repeat"]) for r in rows] == [("goodput", 0), ("goodput", 1)]
+    assert {k: rows[0][k] for k in lr.COUNTERS} == {"prompts_prefilled": 80, "prefills": 20, "steps": 1280, "steps_spec": 0}
+    assert {k: rows[1][k] for k in lr.COUNTERS} == {"prompts_prefilled": 80, "prefills": 29, "steps": 1330, "steps_spec": 1}
+    assert rows[0]["lockstep"] is True and rows[0]["requests_per_prefill"] == 4.2
+    assert lr.main([str(run)]) == 0
+    assert "steps_spec" in capsys.readouterr().out
+    assert lr.main([str(tmp_path)]) == 2  # no scrapes/: not a live run
