@@ -16,7 +16,21 @@ if [ -z "${SKIP_IDENTITY:-}" ]; then
         --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1
     echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"
 fi
-gpu_idle; python3 -m dynspec.realsglang models models-8b --dummy llama-3.1-8b
+gpu_idle
+# The models: dummy weights by default, or MODELS="--crafted llama-3.1-8b --draft-accuracy 0.6"
+# (drawn on the GPU).  Kept on a machine held between calls unless MODELS changes.
+MODELS=${MODELS:---dummy llama-3.1-8b}
+if [ "$(cat models-8b/.made-by 2>/dev/null)" != "$MODELS" ]; then
+    rm -rf models-8b
+    case "$MODELS" in *--crafted*) DEVICE="--device cuda";; *) DEVICE="";; esac
+    python3 -m dynspec.realsglang models models-8b $MODELS $DEVICE > "$OUT/models.txt" 2>&1 \
+        && echo "$MODELS" > models-8b/.made-by
+    case "$MODELS" in *--crafted*)  # the draft head's guesses along the cycle, in a torch reference
+        python3 -c "from dynspec.realsglang.crafted import draft_accuracy as a; print('draft right on', a('models-8b', 1000, 400), 'of positions from id 1000')" >> "$OUT/models.txt" 2>&1;;
+    esac
+    cat "$OUT/models.txt"
+fi
+rm -rf /tmp/traces; mkdir -p /tmp/traces  # DYNSPEC_STEP_TRACE files of configs that ask for them
 # A run longer than one call: RESUME_DIR is its folder as the last call brought it back (carried in
 # the working tree); the sweep measures what is missing (SWEEP_S bounds each call).
 RESUME=""; if [ -n "${RESUME_DIR:-}" ]; then
@@ -25,4 +39,9 @@ fi
 timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" $RESUME \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
+# step traces (DYNSPEC_STEP_TRACE) of this call beside those of earlier calls of the run
+if [ -n "$(ls /tmp/traces 2>/dev/null)" ]; then
+    n=1; while [ -e "/tmp/runs/$RUN/traces.call$n" ]; do n=$((n + 1)); done
+    cp -r /tmp/traces "/tmp/runs/$RUN/traces.call$n"
+fi
 tar czf "$OUT/$RUN.tgz" -C /tmp/runs "$RUN"

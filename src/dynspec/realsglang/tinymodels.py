@@ -3,20 +3,13 @@
 Made on the spot (no download), small enough for a 2-core CPU, shaped like the real thing
 so that SGLang loads them with its own loaders.  The weights are constructed, not trained:
 
-* Target (`LlamaForCausalLM`).  Each embedding is a constant direction `u` plus a random
-  token part.  The LM head plants a random permutation `g` of the vocabulary: from token x
-  it predicts g(x), unless the random attention and MLP layers (scaled by `sigma`) push the
-  residual stream elsewhere.  So the next token depends on the context, and greedy output
-  follows g most of the time (`follow_rate`).
-* Draft (`LlamaForCausalLMEagle3`, one layer).  Its attention reads its own KV cache: half
-  of the query heads attend to the previous position, half to the one before (a query and
-  key built from `u`, rotated by RoPE so they meet at offset -1 or -2), and their values are
-  a projection of that position's token.  The output is rep(token at -1) - rep(token at -2):
-  these telescope along the draft's residual stream, so after any number of draft steps the
-  stream holds rep(latest) - rep(oldest), and the LM head maps rep(y) to g(g(y)).  The draft
-  at position p (input x_{p+1}) therefore proposes g(g(x_p)), right whenever the target
-  follows g, and only if the draft KV cache at p-1 and p-2 is right.  That last property is
-  what makes acceptance after a plain stretch a test of the draft catch-up.
+* Target (`LlamaForCausalLM`).  Token embeddings are orthogonal.  The LM head plants a random
+  permutation `g` of the vocabulary: from token x it predicts g(x), unless the random attention
+  and MLP layers (scaled by `sigma`) push the residual stream elsewhere.  So the next token
+  depends on the context, and greedy output follows g most of the time (`follow_rate`).
+* Draft (`LlamaForCausalLMEagle3`, one layer, `draft_head`): it proposes g(g(token one back)),
+  right whenever the target follows g, and only if the draft KV cache one and two positions
+  back is right: acceptance after a plain stretch tests the draft catch-up.
 
 `make_models(out)` writes `out/target` and `out/draft`; `expected_follow_rate` measures g-following
 with Hugging Face transformers (tests use it to check the construction, not SGLang).
@@ -27,6 +20,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from dynspec.realsglang.draft_head import draft_tensors, slow_dims
 
 SPECIAL = ("[UNK]", "<s>", "</s>")
 
@@ -55,7 +50,7 @@ def _llama_config(s: TinyShape, **over) -> dict:
     return cfg
 
 
-def _tokenizer_files(folder: Path, vocab_size: int) -> None:
+def tokenizer_files(folder: Path, vocab_size: int) -> None:
     from dynspec.sglang.bench_serving import build_tiny_tokenizer
 
     build_tiny_tokenizer(folder, vocab_size, SPECIAL, pad_token="[UNK]", bos_token="<s>", eos_token="</s>",
@@ -109,42 +104,16 @@ def build_weights(s: TinyShape):
         T[p + "mlp.up_proj.weight"] = randn(I, H) / H ** 0.5
         T[p + "mlp.down_proj.weight"] = randn(H, I) / I ** 0.5 * s.sigma
 
-    # Draft.  The attention input is [norm(embed) | norm(hidden)]; only the embed half is read.
-    # Keys: a projection of the position's token into the slowly turning RoPE pairs (so a match
-    # two or three positions away is not rotated away).  Queries of KV group 1 look for the
-    # token g^-1(current), group 2 for g^-2(current): SGLang's draft decode steps sit one RoPE
-    # position off its draft extend, so offsets cannot be found by position; content can.
-    slow = [i for i in range(d // 4, d // 2)] + [i for i in range(d // 2 + d // 4, d)]
+    # Draft (draft_head): it reads the tokens one and two steps before its input and proposes
+    # g(g(token one back)), which is g(input) wherever the target followed g.
+    slow = slow_dims(d)
     K = torch.zeros(d, V)
     K[slow] = randn(len(slow), H) @ E.T / H  # column y: the key of token y
     K = K / K[slow].norm(dim=0).mean() * 17.0  # |q||k| about 290 at a match: ~20 logits above the rest
-    Wq = torch.zeros(nh * d, 2 * H)
-    Wk = torch.zeros(nkv * d, 2 * H)
-    Wv = torch.zeros(nkv * d, 2 * H)
     P = randn(d, H) / H ** 0.5  # values: the token projected to head_dim
-    per_kv = nh // nkv
-    for j, back in enumerate((ginv, ginv[ginv])):  # token y -> the token 1 or 2 steps before it
-        Wk[j * d:(j + 1) * d, :H] = K @ E / H
-        Wv[j * d:(j + 1) * d, :H] = P
-        for h in range(j * per_kv, (j + 1) * per_kv):
-            Wq[h * d:(h + 1) * d, :H] = K[:, back] @ E / H
-    # o_proj: out = B (value of the token 1 back - value of the token 2 back), B orthonormal columns.
     B, _ = torch.linalg.qr(randn(H, d))
-    O = torch.zeros(H, nh * d)
-    for h in range(nh):
-        O[:, h * d:(h + 1) * d] = (1.0 if h < per_kv else -1.0) * B / per_kv
-    rep = (B @ P @ E.T).T  # [V, H]: what the output holds for a token
-    rep = rep / rep.norm(dim=-1, keepdim=True)
-    D = torch.zeros(V, H).index_add_(0, g[g], rep)  # row g(g(y)) is rep(y)
-    Dr = {
-        "fc.weight": torch.zeros(H, 3 * H), "lm_head.weight": D, "norm.weight": torch.ones(H),
-        "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
-        "midlayer.post_attention_layernorm.weight": torch.ones(H),
-        "midlayer.self_attn.q_proj.weight": Wq, "midlayer.self_attn.k_proj.weight": Wk,
-        "midlayer.self_attn.v_proj.weight": Wv, "midlayer.self_attn.o_proj.weight": O,
-        "midlayer.mlp.gate_proj.weight": torch.zeros(I, H), "midlayer.mlp.up_proj.weight": torch.zeros(I, H),
-        "midlayer.mlp.down_proj.weight": torch.zeros(H, I),
-    }
+    Dr = draft_tensors(E, (ginv, ginv[ginv]), (None, None), g[g], K, [P], B, heads=nh, kv_heads=nkv,
+                       intermediate=I, vocab_rows=V)
     return T, Dr, g
 
 
@@ -157,7 +126,7 @@ def make_models(out: str | Path, shape: TinyShape = TinyShape(), dtype: str = "f
     target, draft = out / "target", out / "draft"
     for folder in (target, draft):
         folder.mkdir(parents=True, exist_ok=True)
-        _tokenizer_files(folder, shape.vocab_size)
+        tokenizer_files(folder, shape.vocab_size)
     (target / "config.json").write_text(json.dumps(
         _llama_config(shape, architectures=["LlamaForCausalLM"], num_hidden_layers=shape.num_layers,
                       torch_dtype=dtype), indent=1))
@@ -209,7 +178,7 @@ def make_dummy_models(out: str | Path, preset: str = "llama-3.1-8b", draft_vocab
                   model_type="llama")
     for folder in (target, draft):
         folder.mkdir(parents=True, exist_ok=True)
-        _tokenizer_files(folder, m.vocab)
+        tokenizer_files(folder, m.vocab)
     (target / "config.json").write_text(json.dumps(
         {**common, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": m.layers}, indent=1))
     (draft / "config.json").write_text(json.dumps(
