@@ -129,14 +129,14 @@ def test_a_step_launched_after_the_previous_result_gives_no_step_time():
     clock.t += 0.001
     a.get_steps_for_batch(2)
     clock.t += 0.010
-    a.on_verify_complete([1, 1], batch_size=2)   # back to back, but the Controller drops one more
+    a.on_verify_complete([1, 1], batch_size=2)   # back to back: a step time
     clock.t += 0.001
     a.get_steps_for_batch(2)
     clock.t += 0.010
     a.on_verify_complete([1, 1], batch_size=2)   # back to back: a step time
     times = [r.step_time_s for r in pol.seen]
-    assert times[:3] == [None, None, None]
-    assert times[3] == pytest.approx(0.011)
+    assert times[:2] == [None, None]
+    assert times[2:] == [pytest.approx(0.011), pytest.approx(0.011)]
 
 
 def test_a_result_without_its_decision_is_counted_and_attributed_to_the_current_state():

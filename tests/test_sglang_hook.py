@@ -91,7 +91,7 @@ def test_observe_builds_step_records_with_times():
     clock.t += 0.020
     ctl.observe(4, False, [0, 0, 0, 0])
     clock.t += 0.030
-    ctl.note_other_forward()  # a prefill ran: the next two intervals are not step times
+    ctl.note_other_forward()  # a prefill was launched: the next interval holds its host work too
     ctl.observe(4, True, [1, 1, 1, 1])
     clock.t += 0.025
     ctl.observe(4, True, [1, 1, 1, 1])
@@ -100,7 +100,10 @@ def test_observe_builds_step_records_with_times():
     clock.t += 60.0  # an idle pause is not a step time
     ctl.observe(4, True, [2, 2, 2, 2])
     r = policy.records
-    assert [x.step_time_s for x in r] == [None, pytest.approx(0.020), None, None, pytest.approx(0.025), None]
+    # every interval goes to the policy, which tells steady ones apart (Goodput, `window`)
+    assert [x.step_time_s for x in r] == [None, pytest.approx(0.020), pytest.approx(0.030), pytest.approx(0.025),
+                                          pytest.approx(0.025), None]
+    assert [x.clean for x in r] == [True, True, False, True, True, True]
     assert r[1].accepted == () and not r[1].speculated  # plain steps carry no acceptance
     assert r[0].accepted == (1, 0, 2, 3)
     assert ctl.stats()["mean_accepted_when_speculating"] == pytest.approx((6 + 4 + 4 + 8 + 8) / 20)
@@ -397,7 +400,9 @@ def test_a_prefill_is_timed_apart_from_the_decode_steps():
     clock.t += 0.010
     ctl.observe(1, False)
     assert policy.prefills == [(4, 1600, None), (1, 400, pytest.approx(0.050)), (1, 400, pytest.approx(0.030))]
-    assert [r.step_time_s for r in policy.records] == [pytest.approx(0.010), pytest.approx(0.010), None]
+    # the decode step after the idle prompt: its interval, marked as holding a prefill's launch
+    assert [r.step_time_s for r in policy.records] == [pytest.approx(0.010), pytest.approx(0.010), pytest.approx(0.010)]
+    assert [r.clean for r in policy.records] == [True, True, False]
     st = ctl.stats()
     assert (st["prefills"], st["prompts_prefilled"]) == (3, 6)
     assert st["prefill_estimates"] is None  # a policy that reads none

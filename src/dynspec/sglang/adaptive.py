@@ -190,9 +190,8 @@ class DynspecAdaptivePolicy:
             speculated, launched = match
             back_to_back = self._last_result_t is not None and launched <= self._last_result_t
         if not back_to_back and self._last_result_t is not None:
-            # Not a decode step time (the Controller also drops the interval after it;
-            # the very first result has no interval at all).
-            self.controller.note_other_forward()
+            # Not a decode step time (the very first result has no interval at all).
+            self.controller.note_gap()
         self.controller.observe(batch_size, speculated, num_correct_drafts_per_req if speculated else ())
         self._last_result_t = now
         return None  # dynspec switches only before a step (get_steps_for_batch)

@@ -56,6 +56,8 @@ Environment:
                      seeds the goodput policy.
     DYNSPEC_PLAIN_CUDA_GRAPH  1 (default) capture CUDA graphs for plain steps;
                      0 run plain steps eagerly (read by the patch, see docs).
+    DYNSPEC_STEP_TRACE  optional file: one line per result the scheduler processed
+                     (StepTrace), to see where a server's wall time goes.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ ENV_POLICY = "DYNSPEC_POLICY"
 ENV_PROFILE = "DYNSPEC_PROFILE"
 ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
 ENV_CATCH_UP_WINDOW = "DYNSPEC_CATCHUP_WINDOW"
+ENV_STEP_TRACE = "DYNSPEC_STEP_TRACE"
 # 32: at batch 1 a pass costs about 0.15 ms on an H200 (Llama-3.1-8B head, mostly reading the
 # fc and K/V weights; data/measured/h200-census), so 8 steps per pass left 0.019 ms on every
 # plain step; 32 leaves about a quarter of that.  The ring caps rows at 1024 (window x batch).
@@ -82,6 +85,10 @@ _log = logging.getLogger("dynspec.sglang.hook")
 
 # SyncHook (dynspec.policy): an all-reduce MEAN over the TP ranks.
 MinSyncHook = Callable[[list[float]], list[float]]  # all-reduce MIN over the TP ranks
+
+# Decisions the interval between two results can hold under SGLang's overlap scheduler: the
+# step before, the step itself, and the one launched before its result is read.
+OVERLAP_WINDOW = 3
 
 # A step interval longer than this is a pause (no traffic), not a step time.
 MAX_STEP_TIME_S = 10.0
@@ -120,6 +127,40 @@ def _request_ids(reqs: Sequence, up_to: int | None = None) -> list | None:
         return [r.rid for r in reqs] if 0 < len(reqs) and (up_to is None or len(reqs) <= up_to) else None
     except Exception:  # noqa: BLE001 - a batch of objects without rid
         return None
+
+
+class StepTrace:
+    """One CSV line per result the scheduler processed: when (time.perf_counter, the system's
+    monotonic clock on Linux: the load generator's request records use the same), what it was
+    (S speculative step, P plain step, F prefill; in lower case when the step or prefill was
+    launched), batch size (prefill results: requests whose prompts it finished), accepted drafts
+    (step results) or prompt tokens (prefill results).  Lines are buffered and written about once a second (a killed server
+    loses at most that); TP ranks > 0 write PATH.rankN."""
+
+    HEADER = "t,kind,batch,count\n"
+
+    def __init__(self, path: str, tp_rank: int = 0, clock: Callable[[], float] = time.perf_counter):
+        self.path = path if tp_rank == 0 else f"{path}.rank{tp_rank}"
+        self._clock = clock
+        self._flushed = clock()
+        self._lines: list[str] = []
+        with open(self.path, "w") as f:
+            f.write(self.HEADER)
+
+    def add(self, kind: str, batch: int, count: int) -> None:
+        now = self._clock()
+        self._lines.append(f"{now:.6f},{kind},{batch},{count}\n")
+        if now - self._flushed > 1.0:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        self._flushed = self._clock() if now is None else now
+        lines, self._lines = self._lines, []
+        try:
+            with open(self.path, "a") as f:
+                f.writelines(lines)
+        except OSError:  # a trace must never stop a server
+            pass
 
 
 class Controller:
@@ -179,10 +220,12 @@ class Controller:
         self._accepted_n = 0
 
         self._last_obs_t: float | None = None
-        self._skip_intervals = 1  # the first interval has no start
         self._other_launched: float | None = None  # when note_other_forward last came
+        self._dirty = False  # a prefill was launched since the last decode result
+        self._gap = False  # the next result's step was launched after the last result (note_gap)
         self._lock = threading.Lock()  # stats() may be read from another thread
         self._prom = None
+        self.trace: StepTrace | None = None  # DYNSPEC_STEP_TRACE (load_controller)
 
     def _use_sync(self, sync: SyncHook | None) -> None:
         self.sync = sync
@@ -214,6 +257,8 @@ class Controller:
         else:
             self.steps_plain += 1
         mode = "spec" if spec else "plain"
+        if self.trace is not None:
+            self.trace.add("s" if spec else "p", batch_size, 0)
         if mode != self.mode:
             self._switch(mode, batch_size)
         if self._prom is not None:
@@ -250,17 +295,23 @@ class Controller:
         self.kv_only_prefills += 1
 
     def note_other_forward(self) -> None:
-        """A prefill/extend batch was launched: the next two result intervals are not decode
-        step times (the one before it, and its own)."""
-        self._skip_intervals = 2
+        """A prefill/extend batch was launched: the interval of the next decode result holds
+        its host work too (the overlap scheduler launches before it reads the last result)."""
+        self._dirty = True
         self._other_launched = self._clock()
+        if self.trace is not None:
+            self.trace.add("f", 0, 0)
+
+    def note_gap(self) -> None:
+        """The next result's step was launched after the last result was read (an idle pause,
+        a scheduler without overlap): its interval is not what a step costs."""
+        self._gap = True
 
     def _interval(self, start: float | None) -> float | None:
         """Seconds from start (None: untimed) to this result, if a plausible forward's time (an
-        idle pause is not); this result starts the next interval and uses up one skip."""
+        idle pause is not); this result starts the next interval."""
         now = self._clock()
         dt = None if start is None else now - start
-        self._skip_intervals = max(self._skip_intervals - 1, 0)
         self._last_obs_t = now
         return dt if dt is not None and 0.0 < dt <= MAX_STEP_TIME_S else None
 
@@ -275,6 +326,8 @@ class Controller:
         seconds = self._interval(start)
         self.prefills += 1
         self.prompts_prefilled += requests
+        if self.trace is not None:
+            self.trace.add("F", requests, tokens)
         if not self.fallback:
             self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None)
 
@@ -282,7 +335,12 @@ class Controller:
                 reqs: Sequence | None = None) -> None:
         """Feed one decode step's outcome (accepted draft tokens per request, in the order of reqs,
         the step's requests when the caller has them) to the policy."""
-        step_time = self._interval(self._last_obs_t if self._skip_intervals <= 0 else None)
+        step_time = self._interval(self._last_obs_t)
+        clean, self._dirty = not self._dirty, False
+        if self._gap:
+            step_time, self._gap = None, False
+        if self.trace is not None:
+            self.trace.add("S" if speculated else "P", batch_size, sum(accepted) if speculated else 0)
         if speculated:
             self._spec_steps_observed += 1
             if accepted:
@@ -299,6 +357,7 @@ class Controller:
                 tuple(accepted) if speculated else (),
                 step_time if self.times_agreed else None,
                 rids,
+                clean,
             )
         )
         if self.agreeing and self._schedule.due(self.step, batch_size, speculated):
@@ -479,6 +538,12 @@ def load_controller(
     ctl = _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger)
     if tp_size > 1 and min_sync is not None:
         ctl = agree_start(ctl, min_sync, tp_rank, logger)
+    trace = (env.get(ENV_STEP_TRACE) or "").strip()
+    if ctl is not None and trace:
+        try:
+            ctl.trace = StepTrace(trace, tp_rank)
+        except OSError as exc:
+            _warn(logger, tp_rank, "dynspec: cannot write the step trace %s (%s); serving without it", trace, exc)
     if ctl is not None and tp_rank == 0:
         logger.info(
             "dynspec: policy %s is live (profile: %s, TP ranks: %d, step times: %s); "
@@ -505,8 +570,9 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
                 _warn(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
                       "the policy decides from batch size, acceptance and profile", exc)
                 hook = None
+        # The overlap scheduler launches a step before it reads the last one's result.
         policy = build_policy(spec, profile=profile, sync=hook if tp_size > 1 else None,
-                              initial_steps=initial_steps)
+                              initial_steps=initial_steps, window=OVERLAP_WINDOW)
         return Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
                           logger=logger, profile_name=profile_name)
     except PolicySpecError as exc:

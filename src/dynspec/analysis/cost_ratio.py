@@ -1,0 +1,132 @@
+"""What a speculative step costs against a plain one: what goodput acts on, and what the arms imply.
+
+goodput decides on the cost ratio of a speculative to a plain step, each with its share of the
+prefills' overhead (Goodput.estimates, "cost_ratio", read from /get_server_info after each level).
+A plain and an EAGLE-3 server measured side by side imply the same ratio: the EAGLE-3 server's
+accept length times the plain server's output tok/s over its own.  This puts the two beside each
+other for every level of a run, and splits a patched server's step trace (DYNSPEC_STEP_TRACE) into
+steady steps and the rest.
+
+    python -m dynspec.analysis.cost_ratio RUN_DIR [--plain baseline] [--eagle eagle3] [--policy dynspec-goodput]
+    python -m dynspec.analysis.cost_ratio --trace TRACE.csv[.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from dynspec.policy import bucket_of, BUCKET_EDGES
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
+
+
+def _estimates(scrape: Path) -> dict | None:
+    """The policy's per-bucket estimates from a level's scrape (after the level)."""
+    with _open(scrape) as f:
+        data = json.load(f)
+    stack = [data.get("after", data)]
+    while stack:  # the dynspec block sits in internal_states; find it wherever it is
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "estimates" in node and "policy" in node:
+                return node["estimates"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: str = "dynspec-goodput") -> list[dict]:
+    """Per level and repeat: the ratio the arms imply and the one the policy acted on (its bucket)."""
+    rows: dict[tuple[int, int], dict[str, dict]] = {}
+    with open(run / "results.csv") as f:
+        for r in csv.DictReader(f):
+            if not r.get("error"):
+                rows.setdefault((int(r["concurrency"]), int(r["repeat"])), {})[r["arm"]] = r
+    out = []
+    for (c, rep), arms in sorted(rows.items()):
+        if plain not in arms or eagle not in arms:
+            continue
+        a = float(arms[eagle]["accept_length"])
+        implied = a * float(arms[plain]["output_throughput"]) / float(arms[eagle]["output_throughput"])
+        acted = None
+        for name in (f"{policy}_c{c}_r{rep}.json", f"{policy}_c{c}_r{rep}.json.gz"):
+            if (run / "scrapes" / name).exists():
+                est = _estimates(run / "scrapes" / name) or {}
+                acted = (est.get(f"{BUCKET_EDGES[bucket_of(c)]}+") or {}).get("cost_ratio")
+        out.append({"concurrency": c, "repeat": rep, "accept_length": a, "implied": implied, "acted_on": acted,
+                    "acted_over_implied": None if acted is None else acted / implied})
+    return out
+
+
+def trace_split(path: Path, gap_s: float = 0.5) -> list[dict]:
+    """A step trace cut into busy stretches (a pause over gap_s ends one): per stretch, wall time
+    per decode step against the mean steady interval of each mode (a result between two steps of
+    its mode, no prefill beside it): what steady step times leave out."""
+    with _open(path) as f:
+        res = [(float(r["t"]), r["kind"], int(r["batch"])) for r in csv.DictReader(f) if r["kind"] in "SPF"]
+    out, start = [], 0
+    for i in range(1, len(res) + 1):
+        if i < len(res) and res[i][0] - res[i - 1][0] <= gap_s:
+            continue
+        seg, start = res[start:i], i
+        steps = [r for r in seg if r[1] != "F"]
+        if len(steps) < 20:
+            continue
+        steady = {"S": [], "P": []}
+        for a, b, c in zip(seg, seg[1:], seg[2:]):
+            if a[1] == b[1] == c[1] != "F":
+                steady[b[1]].append(b[0] - a[0])
+        wall = seg[-1][0] - seg[0][0]
+        out.append({"batch": statistics.median(r[2] for r in steps), "steps_spec": sum(r[1] == "S" for r in steps),
+                    "steps_plain": sum(r[1] == "P" for r in steps), "prefills": len(seg) - len(steps),
+                    "wall_ms_per_step": 1000 * wall / len(steps),
+                    "steady_spec_ms": 1000 * statistics.mean(steady["S"]) if steady["S"] else None,
+                    "steady_plain_ms": 1000 * statistics.mean(steady["P"]) if steady["P"] else None})
+    return out
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dynspec.analysis.cost_ratio", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", nargs="?", help="a run folder (results.csv, scrapes/)")
+    ap.add_argument("--plain", default="baseline")
+    ap.add_argument("--eagle", default="eagle3")
+    ap.add_argument("--policy", default="dynspec-goodput")
+    ap.add_argument("--trace", help="a step trace (DYNSPEC_STEP_TRACE) to split instead")
+    args = ap.parse_args(argv)
+    if args.trace:
+        path = Path(args.trace)
+        if not path.is_file():
+            ap.error(f"--trace {path}: no such file")
+        rows = trace_split(path)
+    elif args.run:
+        run = Path(args.run)
+        if not (run / "results.csv").is_file():
+            ap.error(f"{run}: no results.csv (a run folder)")
+        rows = ratios(run, args.plain, args.eagle, args.policy)
+    else:
+        ap.error("give a run folder or --trace")
+    if not rows:
+        print("nothing to compare")
+        return 0
+    keys = list(rows[0])
+    print("  ".join(keys))
+    for r in rows:
+        print("  ".join(_fmt(r[k]) for k in keys))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
