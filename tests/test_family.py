@@ -204,7 +204,9 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%.  Since
     a probe's sample weighs as much as the steps it stands for (tenth session), 0.02 recovers
     part of it (0.949 / 0.965 at C = 1 / 2); an EMA over about 20 requests (0.05) still sticks at
-    C=1 (0.936; at C=2 each request's own estimate, eleventh session, lifts it to 0.965)."""
+    C=1 (0.936; at C=2 each request's own estimate lifts it to 0.965).  Since probes come before
+    waiting costs more in expectation than a probe (the estimate's uncertainty, _refresh), even
+    that fast EMA, whose estimate rests on few steps, is sampled back: 0.970 at C=1."""
     from dynspec.analysis.family import level_requests
     from dynspec.sim.run import simulate_level
 
@@ -215,8 +217,8 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
              for a in ("eagle3", "policy:never", "policy:goodput", "policy:goodput:acc_alpha=0.05")}
         best = max(t["eagle3"], t["policy:never"])
         assert t["policy:goodput"] >= 0.97 * best, (c, t)
-        if c == 1:
-            assert t["policy:goodput:acc_alpha=0.05"] < 0.95 * best, (c, t)  # the control: a fast EMA
+        if c == 1:  # a fast EMA: 0.936 before probes followed the estimate's uncertainty
+            assert t["policy:goodput:acc_alpha=0.05"] >= 0.95 * best, (c, t)
 
 
 def test_the_oracle_reads_the_running_requests_true_acceptance():
@@ -313,8 +315,8 @@ def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):
 
 def test_confirm_reruns_the_switching_servers_misses_and_judges_them_on_seed_means(tmp_path, capsys):
     """--confirm 2 reruns exactly the levels where dynamic fell below 0.97 of max(never, eagle3),
-    over the whole run or the steady state (member 0:15 at five waves has one of each kind: C=20
-    over the whole run, C=19 over the steady state), with simulator seed 1; seed 0's rows are the
+    over the whole run or the steady state (member 0:26 at five waves has both kinds: C=255 over
+    the whole run alone, C=95, 96, 191, 192 over the steady state), with simulator seed 1; seed 0's rows are the
     main run's, whole and steady.  The steady gate's line judges those levels on the two seeds'
     means and every other level on its one run."""
     import re
@@ -325,7 +327,7 @@ def test_confirm_reruns_the_switching_servers_misses_and_judges_them_on_seed_mea
     from dynspec.analysis.family import confirm_levels
 
     csv = tmp_path / "m.csv"
-    load("envelope").main(["--family-member", "0:15", "--out", str(csv), "--confirm", "2"])
+    load("envelope").main(["--family-member", "0:26", "--out", str(csv), "--confirm", "2"])
     out = capsys.readouterr().out
     dyn = pd.read_csv(csv).query("arm == 'dynamic'").set_index("concurrency")
     missed = set(dyn.index[(dyn.of_switching < 0.97) | (dyn.steady_of_switching < 0.97)])
@@ -339,7 +341,7 @@ def test_confirm_reruns_the_switching_servers_misses_and_judges_them_on_seed_mea
         assert np.allclose(first[arm], mine.output_throughput)
         assert np.allclose(first[f"steady_{arm}"], mine.steady_throughput)
     c = min(missed)
-    again = confirm_levels((member(0, 15), (c,), (0,), 1.0, 1))[0]
+    again = confirm_levels((member(0, 26), (c,), (0,), 1.0, 1))[0]
     assert again["dynamic"] == pytest.approx(first.loc[c, "dynamic"], rel=1e-12)
     assert again["steady_dynamic"] == pytest.approx(first.loc[c, "steady_dynamic"], rel=1e-12)
     mean = conf.groupby("concurrency").mean(numeric_only=True)
@@ -350,7 +352,7 @@ def test_confirm_reruns_the_switching_servers_misses_and_judges_them_on_seed_mea
     gate = dyn.steady_of_switching.copy()
     gate[steady.index] = steady
     line = re.search(r"(PASS|FAIL): over the steady state / max\(never, eagle3\), the misses on the mean of "
-                     r"seeds 0..1: worst (\S+) \(member 0:15 at C=(\d+)\), median (\S+)", out)
+                     r"seeds 0..1: worst (\S+) \(member 0:26 at C=(\d+)\), median (\S+)", out)
     assert line, out
     assert float(line.group(2)) == pytest.approx(gate.min(), abs=5e-4) and int(line.group(3)) == gate.idxmin()
     assert float(line.group(4)) == pytest.approx(gate.median(), abs=5e-4)

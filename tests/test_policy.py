@@ -149,19 +149,18 @@ def test_goodput_speculates_below_crossover_and_not_above(with_profile):
     hold = 60
     batches = plateaus(levels, hold=hold, repeats=3)
     decisions = run(policy, machine, batches)
-    # Judge the last repeat, the last 30 steps of each plateau.
+    # Judge the last repeat, bucket by bucket (a probe is PROBE_STEPS steps: one plateau can hold two).
     start = len(batches) - len(levels) * hold
-    by_bs: dict[int, list[bool]] = {}
-    for i in range(start, len(batches), hold):
-        by_bs.setdefault(batches[i], []).extend(decisions[i + hold - 30: i + hold])
+    by_bucket: dict[int, list[bool]] = {}
+    for i in range(start, len(batches)):
+        by_bucket.setdefault(bucket_of(batches[i]), []).append(decisions[i])
     b_cross = bucket_of(B)
-    for bs, ds in by_bs.items():
+    for b, ds in by_bucket.items():
         frac = sum(ds) / len(ds)
-        # Probes take at most one step in PROBE_MIN (8): 12.5% of the window.
-        if bucket_of(bs) < b_cross - 1:
-            assert frac >= 0.8, (bs, frac)
-        elif bucket_of(bs) > b_cross + 1:
-            assert frac <= 0.2, (bs, frac)
+        if b < b_cross - 1:
+            assert frac >= 0.85, (BUCKET_EDGES[b], frac)
+        elif b > b_cross + 1:
+            assert frac <= 0.15, (BUCKET_EDGES[b], frac)
 
 
 def test_goodput_with_periodic_agreement_does_not_decide_blind():
@@ -182,8 +181,9 @@ def test_goodput_probes_are_bounded_and_happen():
     machine = Machine(**LOSING, seed=7)
     decisions = run(policy, machine, [64] * 5000)
     spec_steps = sum(decisions[100:])
-    # Spec costs ~4x here, so probes hit the 100-step ceiling: it keeps probing, no more.
-    assert 5000 // 100 - 2 <= spec_steps <= 5000 // 100 + 1
+    # Spec costs ~4x here, so probes (PROBE_STEPS each) hit the 100-step ceiling: it keeps probing, no more.
+    k = Goodput.PROBE_STEPS
+    assert k * (5000 // 100 - 2) <= spec_steps <= k * (5000 // 100 + 1)
 
 
 def test_goodput_probes_more_where_the_modes_are_close():
@@ -252,21 +252,22 @@ def test_goodput_agrees_on_counts_when_a_rank_dropped_a_step_time():
     """Each rank filters its own step times (a pause, a zero interval): the agreed mean is the
     agreed sums over the agreed counts, or the ranks' estimates (and then decisions) part."""
     reduce = FakeAllReduce(2)
-    policies = [Goodput(sync=reduce.hook(r), sync_every=4) for r in range(2)]
+    policies = [Goodput(sync=reduce.hook(r), sync_every=64) for r in range(2)]
+    k = Goodput.PROBE_STEPS
 
     def rank(r: int) -> list[bool]:
         p, out = policies[r], []
-        for i in range(4):  # exploration: plain, plain, spec, spec; then one agreement
+        for i in range(2 * k):  # exploration: k plain, k spec; then one agreement
             d = p.decide(8)
             t = None if (r, i) == (1, 1) else 0.010 + 0.002 * r  # rank 1 dropped one plain interval
             p.observe(StepRecord(8, d, (1,) * 8 if d else (), t))
             out.append(d)
         return out
 
-    assert run_ranks(rank, 2) == [[False, False, True, True]] * 2
+    assert run_ranks(rank, 2) == [[False] * k + [True] * k] * 2
     b = bucket_of(8)
     assert policies[0].t_est == policies[1].t_est
-    assert policies[0].t_est[0][b] == pytest.approx((0.010 * 2 + 0.012) / 3)
+    assert policies[0].t_est[0][b] == pytest.approx((0.010 * k + 0.012 * (k - 1)) / (2 * k - 1))
     assert policies[0].t_est[1][b] == pytest.approx(0.011)
     assert reduce.calls == 1
 
@@ -494,24 +495,34 @@ def _flat_profile(plain, spec, accept_length, resume=None):
 
 def test_goodput_prior_and_probe_costs_include_the_resume():
     """A switch to speculating pays one resume (resume_ms): the prior charges it over the dwell, and
-    a probe, which is a one-step switch, pays it in full (from plain) or on the way back (from spec)."""
+    a probe, PROBE_STEPS steps of the other mode, pays its steps' loss and the switch there and
+    back.  (With acceptance known from many request-steps: a prior's few leave the interval to
+    its uncertainty, test_goodput_probes_soon_while_the_estimate_is_uncertain.)"""
     from dynspec.policy import bucket_of
 
-    b = bucket_of(8)
+    b, k = bucket_of(8), Goodput.PROBE_STEPS
+
+    def known(profile, **kw):
+        p = Goodput(profile, **kw)
+        p._acc_steps = [p._acc_steps_max] * len(p._acc_steps)
+        p._refresh(b)
+        return p
+
     losing, losing_r = _flat_profile(10, 24, 2.0), _flat_profile(10, 24, 2.0, resume=6)
     assert Goodput(losing_r).t_est[1][b] == pytest.approx(0.024 + 0.006 / 8)
     assert Goodput(losing_r, dwell=2).t_est[1][b] == pytest.approx(0.027)
-    # from plain: (ts + r) / tp - (1 + acc) plain steps lost per probe, over the 0.005 budget (int() of it)
-    assert 80 - 1 <= Goodput(losing, lead=0)._interval[0][b] <= 80  # (2.4 - 2) / 0.005
-    assert 215 - 1 <= Goodput(losing_r, lead=0)._interval[0][b] <= 215  # (3.075 - 2) / 0.005
-    # with the lead in full (lead_batch=1), speculation's 2 tokens count as 2 / 1.05: (2.4 - 1.905) / 0.005
-    assert 99 - 1 <= Goodput(losing, lead_batch=1)._interval[0][b] <= 99
+    # from plain: k ((ts / tp) - (1 + acc)) + r / tp plain steps lost per probe, over the 0.005 budget (int() of it)
+    assert known(losing, lead=0)._interval[0][b] == int(k * (2.4 - 2) / 0.005)
+    assert known(losing_r, lead=0)._interval[0][b] == int((k * (2.475 - 2) + 0.6) / 0.005)
+    # with the lead in full (lead_batch=1), speculation's 2 tokens count as 2 / 1.05
+    assert known(losing, lead_batch=1)._interval[0][b] == min(int(k * (2.4 - 2 / 1.05) / 0.005), 2000)
     winning, winning_r = _flat_profile(10, 12, 2.5), _flat_profile(10, 12, 2.5, resume=6)
-    assert 86 - 1 <= Goodput(winning, lead=0)._interval[1][b] <= 86  # (g - 1) / (1 + acc) / 0.005, g = 25/12
-    assert 170 - 1 <= Goodput(winning_r, lead=0)._interval[1][b] <= 170  # g = 25/12.75, plus r / ts = 6/12.75
+    # from spec: k (g - 1) / (1 + acc) + r / ts spec steps' output, g = 25/12 (25/12.75 with the resume)
+    assert known(winning, lead=0)._interval[1][b] == int(k * (25 / 12 - 1) / 2.5 / 0.005)
+    assert known(winning_r, lead=0)._interval[1][b] == int((k * (25 / 12.75 - 1) / 2.5 + 6 / 12.75) / 0.005)
     # from plain where speculation wins, a probe still costs its resume: r / tp = 0.6 plain steps / 0.005
-    assert Goodput(winning, lead=0)._interval[0][b] == Goodput.PROBE_MIN
-    assert 120 - 1 <= Goodput(winning_r, lead=0)._interval[0][b] <= 120
+    assert known(winning, lead=0)._interval[0][b] == Goodput.PROBE_MIN * k  # probes' steps at most one in PROBE_MIN
+    assert known(winning_r, lead=0)._interval[0][b] == int(0.6 / 0.005)
     # and a close call the resume tips: without it speculating gains 5%, with it loses
     close, close_r = _flat_profile(10, 19, 2.0), _flat_profile(10, 19, 2.0, resume=16)
     assert Goodput(close, lead=0).decide(8) is True and Goodput(close_r, lead=0).decide(8) is False
@@ -552,7 +563,7 @@ def test_goodput_decides_a_new_bucket_from_a_neighbour_that_clearly_knows():
     close = Machine(plain=ms(10, 0.1), spec=ms(20, 0.2), accepted_mean=1.0)
     c = Goodput()
     run(c, close, [8] * 20)
-    assert set(run(c, close, [64] * 4)) == {True, False}
+    assert set(run(c, close, [64] * 2 * Goodput.PROBE_STEPS)) == {True, False}
 
 
 def test_goodput_learns_what_a_switch_to_speculating_costs():
@@ -579,7 +590,8 @@ def test_goodput_learns_what_a_switch_to_speculating_costs():
     run(dear, Resuming(4.0, **win), [16] * 3000)
     assert cheap._t_resume[b] == pytest.approx(0.0, abs=1e-4)
     assert dear._t_resume[b] == pytest.approx(0.004, rel=0.2)
-    assert dear._interval[1][b] > 1.5 * cheap._interval[1][b]
+    # a probe is PROBE_STEPS plain steps: the resume (0.33 spec steps) on 4 x (g - 1) / (1 + acc) = 1.7
+    assert dear._interval[1][b] > 1.12 * cheap._interval[1][b]
     # Decoding plainly (it loses), every spec step is a probe and a resumed one: its time carries
     # the resume, which lengthens the interval between probes from plain all the same.
     lose = dict(plain=ms(10, 0.0), spec=ms(12, 0.0), accepted_mean=0.1)
@@ -758,3 +770,99 @@ def test_policy_ab_benches_this_tree_against_a_commit_in_turns(capsys):
     assert re.search(r"ratio \(this tree / HEAD\): lowest [0-9.]+, median [0-9.]+", out)
     with pytest.raises(SystemExit, match="'no-such-rev' is not a commit"):
         ab.main(["no-such-rev"])
+
+
+def test_goodput_probes_soon_while_the_estimate_is_uncertain():
+    """An unlucky start where speculating gives 20% more output: the first spec steps accept
+    nothing (one step of a whole wave of 8, or the first four at batch 1).  Seen in the
+    simulator on generated machines: such a start kept speculation off for hundreds of steps,
+    as the probe interval grows where a mode looks clearly better.  A few steps of acceptance
+    are weak evidence: the next probe comes before waiting costs more in expectation than the
+    probe itself.  (Before that bound: 0.62 and 0.22 of these steps speculated.)"""
+    def share(batch: int, unlucky: int, steps: int) -> float:
+        machine = Machine(plain=ms(7.0, 0.0), spec=ms(10.0, 0.0), accepted_mean=0.72, seed=4)
+        policy, decisions = Goodput(), []
+        for _ in range(steps):
+            d = policy.decide(batch)
+            rec = machine.step(batch, d)
+            if d and unlucky:
+                rec, unlucky = rec._replace(accepted=(0,) * batch), unlucky - 1
+            policy.observe(rec)
+            decisions.append(d)
+        assert not unlucky
+        return sum(decisions) / steps
+
+    assert share(8, 1, 250) > 0.85
+    assert share(1, 4, 500) > 0.8
+
+
+def _closed_loop(policy, steps, batch=8, out_len=20, plain=0.010, spec=0.020, prefill=(0.015, 0.025), after=0.005):
+    """A closed loop of `batch` requests of out_len tokens; spec steps accept one draft each.  A
+    finish brings a prefill forward (prefill[mode] seconds, the mode in force) and the decode
+    interval after it holds `after` more (not clean: the prefill's launch).  Returns
+    (output tokens, wall seconds)."""
+    left = [out_len - (i * out_len) // batch for i in range(batch)]  # staggered
+    tokens = wall = 0.0
+    pending = 0
+    for _ in range(steps):
+        d = policy.decide(batch)
+        t = spec if d else plain
+        clean = pending == 0
+        if pending:
+            t += after
+            pending = 0
+        gain = 2 if d else 1
+        policy.observe(StepRecord(batch, d, (1,) * batch if d else (), t, None, clean))
+        wall += t
+        done = 0
+        for i in range(batch):
+            g = min(gain, left[i])
+            tokens += g
+            left[i] -= g
+            if left[i] == 0:
+                left[i], done = out_len, done + 1
+        if done:
+            s = prefill[1 if d else 0]
+            policy.note_prefill(done, done * 128, s)
+            wall += s
+            pending = done
+    return tokens, wall
+
+
+def test_goodput_acts_on_what_each_mode_costs_the_servers_throughput():
+    """A speculative step is 2x a plain one, but a prefill in a speculative stretch costs more
+    (the draft's full prefill) and comes twice as often (a step finishes twice the tokens): the
+    two modes' throughput implies a ratio of 2.44.  goodput's cost ratio must be that ratio, not
+    the steps' 2.0 (a policy judging steps alone speculates where it loses here: 2 tokens a step
+    for 2.44 plain steps' time)."""
+    never_tok, never_wall = _closed_loop(build_policy("never"), 3000)
+    always_tok, always_wall = _closed_loop(build_policy("always"), 3000)
+    implied = 2.0 * (never_tok / never_wall) / (always_tok / always_wall)
+    assert implied == pytest.approx(2.44, abs=0.05)
+    p = Goodput()
+    _closed_loop(p, 6000)
+    est = p.estimates()["8+"]
+    assert est["cost_ratio"] == pytest.approx(implied, rel=0.05), (est, implied)
+    assert est["spec_ms"] / est["plain_ms"] == pytest.approx(2.0, rel=0.02)  # steady steps alone
+    assert est["speculate"] is False
+
+
+def test_goodput_measures_what_a_switch_costs_on_a_pipelined_server():
+    """On a live server the result of the step before a switch already holds the next step's host
+    work: with window 3, neither it nor the switched step is a step time; their excess over the
+    steady steps is the switch's cost, each way."""
+    p = Goodput(window=3)
+    plain, spec, on, off = 0.010, 0.020, 0.006, 0.003
+    modes = ([False] * 10 + [True] * 10) * 30
+    scripted = iter(modes + [False])
+    p._choose = lambda b, batch_size: next(scripted)  # the schedule under test, not the policy's
+    p.decide(8)  # the overlap scheduler: step i + 1 is launched before step i's result is read
+    for i, m in enumerate(modes):
+        p.decide(8)
+        t = spec if m else plain
+        if i and modes[i - 1] != m:
+            t += on if m else off  # the switch lands on the first step of the new mode
+        p.observe(StepRecord(8, m, (1,) * 8 if m else (), t))
+    b = bucket_of(8)
+    assert p.t_est[0][b] == pytest.approx(plain) and p.t_est[1][b] == pytest.approx(spec)
+    assert p._t_resume[b] == pytest.approx(on, rel=0.05) and p._t_pause[b] == pytest.approx(off, rel=0.05)

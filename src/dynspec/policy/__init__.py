@@ -44,6 +44,8 @@ SyncHook = Callable[[list[float]], list[float]]
 
 # Steps between rank agreements for a policy that names no period of its own.
 SYNC_EVERY = 64
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 
 
 class PolicySpecError(ValueError):
@@ -56,8 +58,11 @@ class StepRecord(NamedTuple):
     batch_size: int
     speculated: bool
     accepted: Sequence[int] = ()  # accepted draft tokens per request (bonus token not counted)
-    step_time_s: float | None = None  # local wall time; not rank-consistent
+    step_time_s: float | None = None  # local wall time since the previous result; not rank-consistent
     requests: Sequence[Hashable] | None = None  # the requests' ids, in accepted's order (rank-identical)
+    # No prefill was launched between the previous result and this one (a live server's overlap
+    # pipeline: that interval then holds the prefill's host work too).  The simulator's always are.
+    clean: bool = True
 
 
 class Policy:
@@ -401,8 +406,8 @@ class Goodput(Policy):
     acceptance is taken as it settles while speculating, since requests that accept little
     stay longer (_settled, with the spread between requests from pairs of steps).  Step times start
     from a profile when given and are refined by measured times that the ranks agreed on
-    (`sync`); a spec step right after plain ones measures the resume, kept apart from the spec
-    step time.  Without a profile, a new bucket is decided from a neighbour that clearly knows
+    (`sync`): steady steps only (`window`), a switch's aftermath as that switch's cost each way,
+    and the prefills' overhead per request by mode, of which each step pays its share (_costs).  Without a profile, a new bucket is decided from a neighbour that clearly knows
     (directly, or through the bound G(b) <= G(b') b'/b for b < b': a request's share of a spec
     step does not grow with the batch), or by trying plain then speculative steps there
     (`min_samples` each, or one when decisive).  An acceptance sample weighs as much as the
@@ -443,6 +448,15 @@ class Goodput(Policy):
     PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
     REGIME_STEPS_MIN = 8  # the regime's EMA spans at least this many decode steps
     MERGE_MAX = 0.5  # _merge saves at most half a spec step: its first-order form holds for small shares
+    # A result's interval is a step time of its mode only when the steps it can hold all took
+    # that mode: the step before it (a switch's cost, such as the resume, lands on the step after
+    # it) and itself in the simulator, `window` = 2; on a live server also the step launched after
+    # it, as the overlap scheduler launches step N+1 before it reads step N's result (the time
+    # between two results holds one step's GPU work and the next one's host work): 3.  A probe
+    # runs `window` steps of the other mode, so that its last one is steady.
+    PROBE_STEPS = 2  # (set per instance from `window`)
+    OV_DECAY = 0.98  # per prefill forward: the prefill overhead forgets over ~50 of them
+    EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
 
     def __init__(
         self,
@@ -463,13 +477,14 @@ class Goodput(Policy):
         min_samples: int = 2,
         spec_text: str = "goodput",
         merge: bool = True,
+        window: int = 2,
     ):
         if (probe < self.PROBE_MIN or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
                 or not 0 <= lead < 1 or not 0 <= lead_apart < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
-                or min_samples < 1):
+                or min_samples < 1 or not 2 <= window <= 8):
             raise PolicySpecError(
                 f"goodput: need probe>={self.PROBE_MIN}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, 0<=lead_apart<1, lead_batch>=1, "
-                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1 (got probe={probe}, budget={budget}, dwell={dwell}, "
+                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1, 2<=window<=8 (got window={window}, probe={probe}, budget={budget}, dwell={dwell}, "
                 f"margin={margin}, lead={lead}, lead_apart={lead_apart}, lead_batch={lead_batch}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
             )
         n = len(BUCKET_EDGES)
@@ -514,6 +529,10 @@ class Goodput(Policy):
                 self._t_resume[b] = profile.resume_time(bs)
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
+        # Speculative steps behind each bucket's acceptance (the gain's uncertainty, _gain_sd):
+        # capped, as the estimate forgets (an EMA over about 1 / acc_alpha of them).
+        self._acc_steps = [float(self.SHRINK) if profile is not None else 0.0] * n
+        self._acc_steps_max = 1.0 / acc_alpha
         self._acc_weight = [min(alpha, 1.0 - (1.0 - acc_alpha) ** k) for k in range(257)]
         self._acc_weight_n = len(self._acc_weight)
         self._acc_at = [0] * n  # _in_bucket at the last acceptance sample
@@ -566,11 +585,10 @@ class Goodput(Policy):
         self._last_b = 0  # the bucket of the last step observed
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
-        # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec,
-        # 2 a spec step right after plain ones (it pays the resume: what a switch on costs).
-        self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n]
-        self._t_cnt = [[0] * n, [0] * n, [0] * n]
-        self._prev_spec: bool | None = None  # the mode of the last step observed
+        # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec
+        # (steady steps), 2 and 3 what switches to speculation and to plain cost (one per switch).
+        self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n]
+        self._t_cnt = [[0] * n, [0] * n, [0] * n, [0] * n]
         self._in_bucket = [0] * n  # decisions taken in each bucket
         self._last_seen = [[0] * n, [0] * n]  # _in_bucket when a mode last ran there
         self._choice = [False] * n  # a near tie stays plain (see lead)
@@ -578,7 +596,26 @@ class Goodput(Policy):
         self._dwell = _Dwell(dwell, True)
         self._step = 0
         self._probing = False
-        self._probe_again = -1  # bucket whose probe from plain takes one more spec step
+        # A probe under way: steps left, its bucket and mode; probes taken [from mode][bucket]
+        self._probe_left, self._probe_b, self._probe_mode = 0, -1, False
+        self._probes = [[0] * n, [0] * n]
+        # The last `window` decisions as bits (1: speculate), and how many were taken.
+        self._window, self._decided = 0, 0
+        self.window = self.PROBE_STEPS = window
+        self._window_all = (1 << window) - 1
+        # The switch under way: its direction (1 to speculation), bucket and the time its aftermath
+        # cost beyond each step's own (folded into _t_resume / _t_pause when the next one comes).
+        self._sw_dir, self._sw_b, self._sw_sum, self._sw_n = -1, 0, 0.0, 0
+        self._t_pause = [0.0] * n  # what a switch to plain costs the server (its aftermath's excess)
+        self._sw_seen = [[1.0 if profile is not None else 0.0] * n, [0.0] * n]  # switches folded in
+        self._after_pf = False  # a prefill result came since the last decode result
+        # Prefill overhead by mode: wall seconds around prefill forwards beyond the decode steps'
+        # own (decayed sums), and the requests those prefills admitted; buffered for an agreement (TP).
+        self._ov = [[0.0, 0.0], [0.0, 0.0]]
+        self._ov_buf = [0.0, 0.0, 0.0, 0.0]
+        self._cp = self._cs = 0.0  # _per_request, kept current by _overhead
+        self._mid = [bucket_mid(b) for b in range(n)]
+        self._sd_within = 1.0  # sqrt of the within-request variance of accepted drafts (_gain_sd)
         self._self_sync = sync is not None  # False once a caller runs the agreements (defer_sync)
         self._buffer_times = sync is not None  # times wait for an agreement instead of counting at once
         self._schedule = self.sync_schedule()
@@ -668,6 +705,8 @@ class Goodput(Policy):
         w, mean = max(self.REQ_WEIGHT, 1.0 / k), total / n  # the first ones averaged, then an EMA
         within = max(squares - total * mean, 0.0) / (n - 1)
         self._var_within = within if self._var_within is None else self._var_within + w * (within - self._var_within)
+        v = self._var_within
+        self._sd_within = math.sqrt(v) if v is not None and v > 0.0 else 1.0
         centre = self._departed_mean
         self._departed_mean = mean if centre is None else centre + w * (mean - centre)
         if centre is None:
@@ -691,7 +730,8 @@ class Goodput(Policy):
         (tp, ts), acc = self._times(b), self._accepted(b)
         if tp is None or ts is None or acc is None:
             return None
-        return self._valued(b, acc, tp, ts, scatter) * tp / ts
+        cp, cs = self._costs(b, acc, tp, ts)
+        return self._valued(b, acc, tp, ts, scatter) * cp / cs
 
     def _valued(self, b: int, acc: float, tp: float, ts: float, scatter: bool = True) -> float:
         """Output per request of a spec step as valued: 1 + acc discounted by the lead as finishes
@@ -805,6 +845,7 @@ class Goodput(Policy):
         if self._pf_fixed is not None:
             cost += self._prefills(b, acc, tp, ts)
         out = (1.0 + acc) / cost  # output per request of a spec step, as valued
+        tp, ts = self._costs(b, acc, tp, ts)  # each with its share of the prefills' overhead
         g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         choice = self._choice[b]
@@ -814,8 +855,9 @@ class Goodput(Policy):
         # less than the resume; from spec, a plain step returns 1 token where spec would give g,
         # out of `out` per spec step, and the way back pays r.  The switch's own cost keeps
         # probes from coming every few steps where the two modes are tied.
-        r = self._t_resume[b]
-        from_plain = (ts + r) / tp - out
+        # A probe is PROBE_STEPS steps of the other mode and a switch there and back (r + pz).
+        r, k = self._t_resume[b] + self._t_pause[b], self.PROBE_STEPS
+        from_plain = k * (ts / tp - out) + r / tp
         if from_plain < r / tp:
             from_plain = r / tp
         if not choice and self._var_between and self._batch_bucket != b:
@@ -828,7 +870,7 @@ class Goodput(Policy):
                 now = self._valued(b, now, tp, ts)
                 if now * tp > ts + r:
                     from_plain = 0.0
-        from_spec = (g - 1.0) / out + r / ts if g > 1.0 else r / ts
+        from_spec = k * (g - 1.0) / out + r / ts if g > 1.0 else r / ts
         # A probe from plain steps in lockstep (_scatter) splits each group of requests that
         # finish together into as many as its step's outcomes, for good: a forward's fixed cost
         # more per extra group, on this wave and on every one after it.  The first is the
@@ -836,7 +878,8 @@ class Goodput(Policy):
         # the later ones are a share of every step's output lost from then on (split over a
         # request's life in plain steps, its output), paid out of the budget before any probe's
         # own cost: where it alone exceeds the budget, probes from plain come as rarely as allowed.
-        lo, hi, budget = self.PROBE_MIN, self.probe, self.budget
+        # A probe takes at most one step in PROBE_MIN: its PROBE_STEPS steps come at least that far apart.
+        lo, hi, budget = self.PROBE_MIN * self.PROBE_STEPS, self.probe, self.budget
         spare = budget
         if self._lock:
             per, fixed = self._per_prefill, self._pf_fixed
@@ -848,27 +891,56 @@ class Goodput(Policy):
                     spare -= split / life if life > 1.0 else split
         x = from_plain / spare if spare > 0.0 else hi + 1.0
         y = from_spec / budget
+        # The estimate is uncertain (acceptance from few request-steps): waiting I steps forgoes
+        # I x E[(other mode's gain)+] in expectation; a probe should come before that exceeds
+        # what the probe costs, so an unlucky first sample is checked again soon while many
+        # samples let a clear loser rest.
+        n = self._acc_steps[b]
+        if n > 0.0 and not self._lock:  # (in a lockstep a probe's damage lasts: _lock's rationing above)
+            sd, d = g * self._sd_within / (math.sqrt(n) * (1.0 + acc)), abs(g - 1.0)  # _gain_sd
+            if d < 4.0 * sd:  # beyond four standard errors the other mode's chance is negligible
+                z = d / sd
+                regret = sd * math.exp(-0.5 * z * z) * _INV_SQRT_2PI - d * 0.5 * math.erfc(z * _INV_SQRT_2)
+                # E[(G - 1)+] plain, E[(1 - G)+] speculating
+                if regret > 0.0:
+                    if not choice and x * regret > from_plain:
+                        x = from_plain / regret
+                    if choice and y * regret > from_spec:
+                        y = from_spec / regret
         iv = self._interval
         iv[0][b] = hi if x > hi else int(x) if x >= lo else lo  # (a NaN gives lo)
         iv[1][b] = hi if y > hi else int(y) if y >= lo else lo
 
     def decide(self, batch_size: int) -> bool:
-        self._step += 1
         b = bucket_of(batch_size)
-        if self._probe_again == b:  # the second step of a probe from plain (below)
-            self._probe_again = -1
-            self._in_bucket[b] += 1
-            return self._take(True, b, probe=True)
+        spec = self._choose(b, batch_size)
+        w = self._window
+        if self._decided and spec != (w & 1):  # a switch: what follows it until steady is its cost
+            self._end_switch()
+            self._sw_dir, self._sw_b, self._sw_sum, self._sw_n = int(spec), b, 0.0, 0
+        self._window = ((w << 1) | spec) & self._window_all
+        self._decided += 1
+        return spec
+
+    def _choose(self, b: int, batch_size: int) -> bool:
+        self._step += 1
+        if self._probe_left:  # a probe under way goes on while the batch stays in its bucket
+            if self._probe_b == b:
+                self._probe_left -= 1
+                self._in_bucket[b] += 1
+                return self._take(self._probe_mode, b, probe=True)
+            self._probe_left = 0
         if self._explore and not self._known[b]:
-            seen = self.n_seen
+            seen, least = self.n_seen, max(self.min_samples, self.PROBE_STEPS)
             # Plain first: a plain step costs at most the speedup speculation would have given, a
             # speculative one on a losing machine many plain steps; and one of those is enough
-            # when it already loses (or wins) decisively.
+            # when it already loses (or wins) decisively.  Each mode runs long enough for steady
+            # steps (`window`) to show what it costs.
             if self._borrow(b, batch_size) or self._decisive(b):
                 self._known[b] = True
-            elif seen[0][b] < self.min_samples:
+            elif seen[0][b] < least:
                 return self._take(False, b)
-            elif seen[1][b] < self.min_samples:
+            elif seen[1][b] < least:
                 return self._take(True, b)
             else:
                 self._known[b] = True
@@ -877,11 +949,11 @@ class Goodput(Policy):
         # probed on every visit.
         self._in_bucket[b] += 1
         if self._in_bucket[b] - self._last_seen[not mode][b] >= self._interval[mode][b]:
-            if not mode and self._seeded[1][b] and (self._gain(b) or 0.0) > 1.0 - self.BORROW:
-                # Every spec step measured here so far was a resumed one, and the resume may
-                # decide a close call: probe for two steps, so that the second shows what a
-                # spec step costs without it.
-                self._probe_again = b
+            # A probe runs PROBE_STEPS steps: only steps inside a run of one mode show what that
+            # mode costs (`window`), and the switch there and back is measured.
+            self._probe_left, self._probe_b, self._probe_mode = self.PROBE_STEPS - 1, b, not mode
+            self._probes[mode][b] += 1
+            self._refresh(b)  # the interval's cap grows with the probes taken (_refresh)
             return self._take(not mode, b, probe=True)
         self._last_seen[mode][b] = self._in_bucket[b]
         self._probing = False
@@ -932,8 +1004,12 @@ class Goodput(Policy):
         return False
 
     def _decisive(self, b: int) -> bool:
+        """One mode wins by more than BORROW, beyond two standard errors of the estimate."""
         g = self._gain(b, scatter=False)
-        return g is not None and abs(g - 1.0) > self.BORROW
+        if g is None:
+            return False
+        acc = self._accepted(b) or 0.0
+        return abs(g - 1.0) > self.BORROW + 2.0 * self._gain_sd(b, acc, g)
 
     def _seed(self, b: int, nb: int, spec_scale: float = 1.0) -> bool:
         for m in (0, 1):
@@ -952,7 +1028,7 @@ class Goodput(Policy):
 
     # Learning ----------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t, rids = rec
+        bs, speculated, accepted, t, rids, _ = rec
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
@@ -995,6 +1071,8 @@ class Goodput(Policy):
                 w = min(self.alpha, 1.0 - (1.0 - w) ** gap)
             prev, g = self.acc_est[b], self.acc_global
             self.n_acc[b] += 1
+            ns = self._acc_steps[b] + 1.0
+            self._acc_steps[b] = ns if ns < self._acc_steps_max else self._acc_steps_max
             self._n_acc_global += 1
             # Until the EMA has seen about 1/w samples it is their plain mean (a bias-corrected
             # EMA): otherwise the first sample, often a single request's 0 accepted drafts, would
@@ -1016,14 +1094,43 @@ class Goodput(Policy):
                     self._pair_sample(rids, accepted)
             changed = True
         if t is not None and self.use_times:
-            kind = 2 if speculated and self._prev_spec is False else m
-            if not self._buffer_times:  # one process: its own times are the agreed ones
-                self._fold(kind, b, t, 1)
-                changed = True
+            # Steady: the steps around this one took its mode and no prefill came between: the
+            # interval is what a step of this mode costs.  Otherwise what it cost beyond that is
+            # the switch's (while one is under way) or the prefill's.
+            if rec.clean and not self._after_pf and self._decided >= self.window and \
+                    self._window == (self._window_all if speculated else 0):
+                if not self._buffer_times:  # one process: its own times are the agreed ones
+                    self._fold(m, b, t, 1)
+                    changed = True
+                else:
+                    self._t_sum[m][b] += t
+                    self._t_cnt[m][b] += 1
             else:
-                self._t_sum[kind][b] += t
-                self._t_cnt[kind][b] += 1
-        self._prev_spec = speculated
+                ref = self.t_est[m][b]
+                if ref is None:
+                    # Nothing better yet: a switch's step (it holds the switch's cost, an upper bound)
+                    # stands in until the first steady one replaces it.  One beside a prefill can be
+                    # shorter than a step (two results read close together on a live server): not that.
+                    if not rec.clean or self._after_pf:
+                        pass
+                    elif self._buffer_times:  # ranks take it as agreed, with the steady ones
+                        self._t_sum[m][b] += t
+                        self._t_cnt[m][b] += 1
+                    else:
+                        self.t_est[m][b], self._seeded[m][b] = t, True
+                        changed = True
+                elif not self._seeded[m][b]:
+                    # What it cost beyond a step, at most EXCESS_MAX steps: more is an outlier (a
+                    # warm-up, as the first speculative step of a server's life), not what it costs.
+                    x = t - ref if t < (self.EXCESS_MAX + 1.0) * ref else self.EXCESS_MAX * ref
+                    if not rec.clean or self._after_pf:  # beside a prefill: the prefill's overhead
+                        self._overhead(m, x, 0)
+                    elif self._sw_dir >= 0 and self._window not in (0, self._window_all):
+                        self._sw_sum += x  # in a switch's aftermath: the switch's cost
+                        self._sw_n += 1
+        self._after_pf = False
+        if self._sw_dir >= 0 and self._window in (0, self._window_all) and self._sw_n:
+            self._end_switch()  # steady again: the switch's aftermath is over
         if changed:
             self._refresh(b)
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
@@ -1069,6 +1176,10 @@ class Goodput(Policy):
         self._var_between = v + w * (cov - v)
 
     def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        self._after_pf = True
+        if seconds is not None and self.use_times and seconds > 0.0:
+            # The forward's whole interval is beyond the decode steps: the mode in force pays it.
+            self._overhead(self._window & 1, seconds, requests)
         g, w = self._per_prefill, self.PF_WEIGHT
         self._refilled = self._refilled or self._emitted > 0.0  # a prompt after decoding began
         self._burst += requests
@@ -1119,17 +1230,70 @@ class Goodput(Policy):
                 s[1] += x * x
                 s[2] += 1
 
+    def _gain_sd(self, b: int, acc: float, g: float) -> float:
+        """The gain's standard error from the acceptance it rests on: speculative steps sampled
+        in the bucket (a profile's prior counts as SHRINK of them), each as one request's draw
+        (the within-request variance of accepted drafts, 1 until measured): a batch's requests
+        are not independent draws (a wave of hard prompts accepts little together)."""
+        n = self._acc_steps[b]
+        if n <= 0.0:
+            return 0.0
+        return g * self._sd_within / (math.sqrt(n) * (1.0 + acc))
+
+    def _end_switch(self) -> None:
+        """The switch under way is over: what its aftermath cost beyond its steps' own."""
+        d, n = self._sw_dir, self._sw_n
+        self._sw_dir = -1
+        if d < 0 or not n:
+            return
+        b, kind = self._sw_b, 2 if d else 3
+        if not self._buffer_times:
+            self._fold(kind, b, self._sw_sum, 1)
+            self._refresh(b)
+        else:
+            self._t_sum[kind][b] += self._sw_sum
+            self._t_cnt[kind][b] += 1
+
+    def _overhead(self, mode: int, seconds: float, requests: float) -> None:
+        """Wall time around prefills beyond the decode steps' own, in `mode`, and the requests
+        those prefills admitted (decayed sums; buffered for an agreement under TP)."""
+        if self._buffer_times:
+            buf = self._ov_buf
+            buf[2 * mode] += seconds
+            buf[2 * mode + 1] += requests
+            return
+        ov, d = self._ov[mode], self.OV_DECAY if requests else 1.0
+        ov[0] = ov[0] * d + seconds
+        ov[1] = ov[1] * d + requests
+        self._cp, self._cs = self._per_request()
+
+    def _per_request(self) -> tuple[float, float]:
+        """Prefill overhead per admitted request, plain and spec (a mode not seen takes the other's)."""
+        (sp, np_), (ss, ns) = self._ov
+        cp = max(sp, 0.0) / np_ if np_ > 0.0 else None
+        cs = max(ss, 0.0) / ns if ns > 0.0 else None
+        if cp is None:
+            return (cs or 0.0), (cs or 0.0)
+        return cp, cp if cs is None else cs
+
+    def _costs(self, b: int, acc: float, tp: float, ts: float) -> tuple[float, float]:
+        """What a plain and a spec step cost the server's throughput in bucket b: the step, and
+        its share of the prefill overhead (per request admitted, times the requests a step
+        finishes: batch x tokens a request gets / output per request)."""
+        if not self._refilled or self._emitted <= 0.0:  # output per request is known once one finished
+            return tp, ts
+        per = self._mid[b] * self._admitted / self._emitted
+        return tp + self._cp * per, ts + self._cs * per * (1.0 + acc)
+
     def _fold(self, kind: int, b: int, t: float, count: float) -> None:
-        """Fold a mean step time over `count` steps into the estimates (times the ranks agreed on)."""
-        if kind == 2:  # a resumed spec step: what it cost beyond a spec step is the resume
-            ts = self.t_est[1][b]
-            if ts is not None and not self._seeded[1][b]:
-                w = 1.0 - (1.0 - self.alpha) ** count
-                self._t_resume[b] += w * (max(t - ts, 0.0) - self._t_resume[b])
-                return  # folded into the spec time it would count the resume on every spec step
-            # No steady spec step measured yet: this one stands in for the spec time (an upper
-            # bound), marked as not measured so that the first steady one replaces it.
-            self.t_est[1][b], self._seeded[1][b] = t, True
+        """Fold a mean over `count` into the estimates (times the ranks agreed on): kinds 0 and 1 a
+        steady plain / spec step, 2 and 3 what one switch to speculation / to plain cost."""
+        if kind >= 2:
+            costs, seen = (self._t_resume, self._sw_seen[0]) if kind == 2 else (self._t_pause, self._sw_seen[1])
+            seen[b] += count
+            # the first switches' plain mean (a profile's prior weighs as one), then an EMA
+            w = max(1.0 - (1.0 - self.alpha) ** count, count / seen[b])
+            costs[b] += w * (max(t, 0.0) - costs[b])
             return
         prev, ts = self.t_est[kind][b], self.t_est[1][b]
         # A borrowed time gives way to a measured one, and so does a plain time above the spec
@@ -1141,34 +1305,43 @@ class Goodput(Policy):
 
     # Agreement across TP ranks --------------------------------------------------------
     def sync_schedule(self) -> SyncSchedule:
-        return SyncSchedule(self.sync_every, self.min_samples if self._explore else 0)
+        return SyncSchedule(self.sync_every, max(self.min_samples, self.PROBE_STEPS) if self._explore else 0)
 
     def defer_sync(self) -> None:
         self._self_sync, self._buffer_times = False, True
 
     def sync_values(self) -> list[float]:
-        """Step-time sums and counts measured since the last agreement, [kind][bucket], then the
-        timed prefill forwards' sums (count, tokens, seconds, tokens^2, tokens x seconds)."""
+        """Step-time and switch-cost sums and counts measured since the last agreement,
+        [kind][bucket], then the timed prefill forwards' sums (count, tokens, seconds, tokens^2,
+        tokens x seconds), then the prefill overhead (seconds, requests) of plain and spec."""
         cnt = self._t_cnt
-        return [*self._t_sum[0], *self._t_sum[1], *self._t_sum[2], *(float(c) for row in cnt for c in row),
-                *self._pf_buf]
+        return [*(v for row in self._t_sum for v in row), *(float(c) for row in cnt for c in row),
+                *self._pf_buf, *self._ov_buf]
 
     def sync_apply(self, agreed: list[float]) -> None:
         """Fold the agreed step times into the estimates.  Counts are agreed like the sums
         (each rank drops intervals it cannot trust on its own), and the agreed sums are
         divided by the agreed counts: every rank folds the same means with the same weights."""
-        n, k = len(BUCKET_EDGES), len(self._pf_buf)
-        if len(agreed) != 6 * n + k:
-            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {6 * n + k}")
-        if agreed[6 * n] > 0:  # timed prefill forwards: fold the rank-mean sums into the fit
+        n, k, kinds = len(BUCKET_EDGES), len(self._pf_buf), len(self._t_sum)
+        if len(agreed) != 2 * kinds * n + k + 4:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {2 * kinds * n + k + 4}")
+        at = 2 * kinds * n
+        if agreed[at] > 0:  # timed prefill forwards: fold the rank-mean sums into the fit
             for i in range(k):
-                self._pf[i] += agreed[6 * n + i]
+                self._pf[i] += agreed[at + i]
             self._fit_prefill()
             self._refresh(self._last_b)
         self._pf_buf = [0.0] * k
-        for kind in (0, 1, 2):
+        ov = agreed[at + k:]
+        self._buffer_times = False  # fold the agreed overheads as one process would
+        for mode in (0, 1):
+            if ov[2 * mode] or ov[2 * mode + 1]:
+                self._overhead(mode, ov[2 * mode], ov[2 * mode + 1])
+        self._buffer_times = True
+        self._ov_buf = [0.0, 0.0, 0.0, 0.0]
+        for kind in range(kinds):
             for b in range(n):
-                c = agreed[(3 + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
+                c = agreed[(kinds + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
                 if c > 0:
                     self._fold(kind, b, agreed[kind * n + b] / c, c)
                     self._refresh(b)
@@ -1179,22 +1352,29 @@ class Goodput(Policy):
         # The state decisions follow (estimates enter through _choice and _interval, how finishes
         # come through _lock and the lead).
         return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
-                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_again,
-                self._lock, self._lead_now)
+                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_left,
+                self._probe_b, self._probes, self._window, self._lock, self._lead_now)
 
     def estimates(self) -> dict:
-        """Per bucket with a measurement or a prior: step times (ms, plain as used), accepted
-        drafts per request, resume cost (ms) and the choice."""
+        """Per bucket with a measurement or a prior: steady step times (ms, plain as used),
+        accepted drafts per request, what a switch each way costs (ms), the spec/plain cost ratio
+        it acts on (each step with its share of the prefills' overhead: what the two modes'
+        tokens per second imply) and the choice."""
         out = {}
         for b, edge in enumerate(BUCKET_EDGES):
             (tp, ts), acc = self._times(b), self._accepted(b)
             if tp is None and ts is None:
                 continue
+            ratio = None
+            if tp is not None and ts is not None and acc is not None:
+                cp, cs = self._costs(b, acc, tp, ts)
+                ratio = round(cs / cp, 4)
             out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
                                "spec_ms": None if ts is None else round(1000 * ts, 3),
                                "accepted": None if acc is None else round(acc, 3),
                                "resume_ms": round(1000 * self._t_resume[b], 3),
-                               "speculate": self._choice[b]}
+                               "pause_ms": round(1000 * self._t_pause[b], 3),
+                               "cost_ratio": ratio, "speculate": self._choice[b]}
         return out
 
     def prefill_estimates(self) -> dict:
@@ -1205,7 +1385,9 @@ class Goodput(Policy):
         def r(x: float | None, k: int = 3) -> float | None:
             return None if x is None else round(x, k)
 
+        cp, cs = self._per_request()
         return {"fixed_ms": r(None if self._pf_fixed is None else 1000 * self._pf_fixed),
+                "overhead_ms_per_request": {"plain": round(1000 * cp, 3), "spec": round(1000 * cs, 3)},
                 "requests_per_prefill": r(self._per_prefill), "requests_per_burst": r(self._burst_n),
                 "steps_after_a_burst": r(self._burst_p, 4),
                 "output_per_request": r(self._emitted / self._admitted if self._admitted else None, 1),
@@ -1406,10 +1588,12 @@ _GOODPUT_OPTS = {
     "sync_every": "steps between rank agreements on step times",
     "times": "use measured step times (1/0)",
     "merge": "count the prefills a spec step merges where finishes come apart (1/0)",
+    "window": "decisions a result's interval can hold (2; a live overlap scheduler: 3)",
 }
 
 
-def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | None) -> Goodput:
+def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | None,
+             window: int | None = None) -> Goodput:
     o = _options(spec, body, _GOODPUT_OPTS) if body else {}
     if "profile" in o:
         from dynspec.sim.profile import ProfileError, load_profile
@@ -1419,9 +1603,11 @@ def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | Non
         except ProfileError as exc:
             raise PolicySpecError(f"{spec!r}: {exc}") from None
     kw: dict = {}
-    for key in ("probe", "dwell", "sync_every", "min_samples", "lead_batch"):
+    for key in ("probe", "dwell", "sync_every", "min_samples", "lead_batch", "window"):
         if key in o:
             kw[key] = _int(spec, key, o[key])
+    if "window" not in kw and window is not None:
+        kw["window"] = window
     for key in ("margin", "lead", "lead_apart", "alpha", "acc_alpha", "budget"):
         if key in o:
             kw[key] = _float(spec, key, o[key])
@@ -1439,8 +1625,10 @@ def _goodput(spec: str, body: str, profile: Profile | None, sync: SyncHook | Non
 
 
 def build_policy(spec: str, *, profile: Profile | None = None, sync: SyncHook | None = None,
-                 initial_steps: int = 3) -> Policy:
-    """Build a policy from its spec string; raise PolicySpecError naming the bad part."""
+                 initial_steps: int = 3, window: int | None = None) -> Policy:
+    """Build a policy from its spec string; raise PolicySpecError naming the bad part.  `window`:
+    the decisions a result's interval can hold where the caller knows it (a live server's
+    overlap scheduler: 3), unless the spec names one."""
     if not isinstance(spec, str) or not spec.strip():
         raise PolicySpecError("empty policy spec (try: goodput, threshold:32, table:1-63=on,64-=off)")
     spec = spec.strip()
@@ -1458,7 +1646,7 @@ def build_policy(spec: str, *, profile: Profile | None = None, sync: SyncHook | 
         o = _options(spec, body, {"steps": "initial speculative_num_steps"}) if body else {}
         return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
     if name == "goodput":
-        return _goodput(spec, body, profile, sync)
+        return _goodput(spec, body, profile, sync, window)
     if name == "cycle":
         o = _options(spec, body, {"spec": "speculative steps per cycle", "plain": "plain steps per cycle"}) \
             if body else {}
