@@ -45,8 +45,11 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "make browser: chromium is missing and cannot be installed here (not root): install Debian's chromium (sudo apt-get install chromium) for tests/test_report_browser.py, which skips until then"
 
+# The fast tests on both cores, then the slow ones serially (real SGLang servers start several at
+# once and must not share the cores with other tests): CI stays well under 30 minutes.
 test: test-venv browser lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
+	$(PY) -m pytest -m slow
 
 # ruff and mypy (both configured in pyproject.toml): pyflakes, pycodestyle, bugbear; then the
 # types of the modules listed under [tool.mypy].
@@ -56,7 +59,7 @@ lint: test-venv
 
 # Your own loop: everything but the slow tests (real SGLang servers, bench_serving in real time, the
 # 0.5.23 wheel import: about 9 minutes of them), on every core (pytest-xdist, work stealing).  CI's
-# `make test` stays serial: its real-server tests start several SGLang servers at once.
+# `make test` runs those slow ones serially: its real-server tests start several SGLang servers at once.
 test-fast: test-venv
 	$(PY) -m pytest -m "not slow" -n auto --dist worksteal
 
