@@ -17,19 +17,7 @@ if [ -z "${SKIP_IDENTITY:-}" ]; then
     echo "identity exit $?" >> "$OUT/identity.txt"; tail -20 "$OUT/identity.txt"
 fi
 gpu_idle
-# The models: dummy weights by default, or MODELS="--crafted llama-3.1-8b --draft-accuracy 0.6"
-# (drawn on the GPU).  Kept on a machine held between calls unless MODELS changes.
-MODELS=${MODELS:---dummy llama-3.1-8b}
-if [ "$(cat models-8b/.made-by 2>/dev/null)" != "$MODELS" ]; then
-    rm -rf models-8b
-    case "$MODELS" in *--crafted*) DEVICE="--device cuda";; *) DEVICE="";; esac
-    python3 -m dynspec.realsglang models models-8b $MODELS $DEVICE > "$OUT/models.txt" 2>&1 \
-        && echo "$MODELS" > models-8b/.made-by
-    case "$MODELS" in *--crafted*)  # the draft head's guesses along the cycle, in a torch reference
-        python3 -c "from dynspec.realsglang.crafted import draft_accuracy as a; print('draft right on', a('models-8b', 1000, 400), 'of positions from id 1000')" >> "$OUT/models.txt" 2>&1;;
-    esac
-    cat "$OUT/models.txt"
-fi
+make_models "${MODELS:---dummy llama-3.1-8b}"
 rm -rf /tmp/traces; mkdir -p /tmp/traces  # DYNSPEC_STEP_TRACE files of configs that ask for them
 # A run longer than one call: RESUME_DIR is its folder as the last call brought it back (carried in
 # the working tree); the sweep measures what is missing (SWEEP_S bounds each call).

@@ -152,3 +152,48 @@ def test_serve_site_must_hold_an_sglang_package(tmp_path, capsys, monkeypatch):
     main(["serve", "--site", str(tmp_path), "--", "--model-path", "m"])
     assert seen["argv"][1:] == ["-m", "sglang.launch_server", "--model-path", "m"]
     assert str(tmp_path.resolve()) in seen["env"]["PYTHONPATH"].split(":")
+
+
+def test_the_v2_draft_extend_graph_is_replayed_with_the_eager_layout():
+    """0.5.9 replays the spec-v2 draft-extend graph with v1's layout (queries at cumsum(accept
+    lengths), KV over whole lengths); the GPU fix must leave n queries per request and the KV of
+    each request's prefix only, as the eager extend plans it."""
+    import types
+
+    import torch
+
+    def kv_indices_kernel(grid):  # create_flashinfer_kv_indices_triton, in torch
+        def run(req_to_token, pools, lens, indptr, start, out, stride):
+            for b in range(grid[0]):
+                a = int(indptr[b])
+                out[a:a + int(lens[b])] = req_to_token[int(pools[b]), :int(lens[b])]
+        return run
+
+    class Backend:  # what 0.5.9's replay leaves for a v2 draft extend
+        def __init__(self):
+            self.num_draft_tokens, self.device = 4, "cpu"
+            self.qo_indptr = torch.zeros(9, dtype=torch.int32)
+            self.kv_indptr = torch.zeros(9, dtype=torch.int32)
+            self.cuda_graph_kv_indices = torch.full((200,), -1, dtype=torch.int64)
+            self.req_to_token = torch.arange(4 * 50).reshape(4, 50)
+
+        def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                    encoder_lens, forward_mode, spec_info, seq_lens_cpu):
+            self.qo_indptr[1:bs + 1] = torch.cumsum(spec_info.accept_length[:bs], 0)
+            self.kv_indptr[1:bs + 1] = torch.cumsum(seq_lens[:bs], 0)
+
+    kernel = type("Kernel", (), {"__getitem__": lambda self, grid: kv_indices_kernel(grid)})()
+    m = types.SimpleNamespace(TritonAttnBackend=Backend, create_flashinfer_kv_indices_triton=kernel)
+    compat.draft_extend_v2_graph_layout(m)
+    backend = Backend()
+    v2 = types.SimpleNamespace(is_draft_extend_v2=lambda: True)
+    seq = torch.tensor([10, 7, 12])  # prefix + 4 drafted tokens each
+    spec = types.SimpleNamespace(accept_length=torch.tensor([2, 1, 4]), extend_seq_lens_tensor=torch.tensor([4, 4, 4]))
+    backend.init_forward_metadata_replay_cuda_graph(3, torch.tensor([2, 0, 3]), seq, 29, None, v2, spec, None)
+    assert backend.qo_indptr[:4].tolist() == [0, 4, 8, 12]
+    assert backend.kv_indptr[:4].tolist() == [0, 6, 9, 17]
+    assert backend.cuda_graph_kv_indices[:17].tolist() == [*range(100, 106), *range(0, 3), *range(150, 158)]
+    other = Backend()  # any other mode: 0.5.9's own replay, untouched
+    other.init_forward_metadata_replay_cuda_graph(3, torch.tensor([2, 0, 3]), seq, 29, None,
+                                                  types.SimpleNamespace(is_draft_extend_v2=lambda: False), spec, None)
+    assert other.qo_indptr[:4].tolist() == [0, 2, 3, 7]

@@ -71,8 +71,8 @@ def install() -> None:
     os.environ.setdefault("SGLANG_NATIVE_MOVE_KV_CACHE", "1")
 
 
-# --- CPU: the draft's attention backends ------------------------------------------------
-@after_import("sglang.srt.speculative.draft_utils", when="cpu")
+# --- The draft's attention on torch_native (the CPU's only one; on a GPU a reference) ----
+@after_import("sglang.srt.speculative.draft_utils")
 def torch_native_draft_backends(m):
     """0.5.9's DraftBackendFactory knows no torch_native backend (EAGLE is CUDA-only there).
 
@@ -124,7 +124,7 @@ def torch_native_draft_backends(m):
     m.DraftBackendFactory.create_draft_extend_backend = create_draft_extend_backend
 
 
-@after_import("sglang.srt.layers.attention.torch_native_backend", when="cpu")
+@after_import("sglang.srt.layers.attention.torch_native_backend")
 def extend_lengths_for_verify(m):
     """TorchNativeAttnBackend.forward_extend reads extend_prefix_lens/extend_seq_lens, which
     TARGET_VERIFY and DRAFT_EXTEND_V2 batches do not carry (other backends plan from seq_lens).
@@ -316,6 +316,37 @@ def torch_layers_on_gpu(m):
     without the real sgl_kernel they must take their torch bodies (forward_native), which
     CUDA graphs capture like any torch code."""
     m.MultiPlatformOp.dispatch_forward = lambda self: self.forward_native
+
+
+@after_import("sglang.srt.layers.attention.triton_backend", when="gpu")
+def draft_extend_v2_graph_layout(m):
+    """0.5.9's Triton backend replays the spec-v2 draft-extend CUDA graph with spec v1's layout:
+    queries at cumsum(accept lengths) and every request's KV over its whole length.  A v2 draft
+    extend holds all num_steps + 1 tokens of each request, so rows after the first attend with
+    another row's queries and see their own later tokens; the draft is then wrong on most positions
+    above batch 1 (measured on one H200: accept length 1.57 at C=4 against 2.23 eager or on spec v1).
+    The eager path (an ordinary extend: queries n per request, KV over the prefix) is the reference;
+    this writes its layout into the graph's buffers.  SGLang 0.5.23 fills them this way itself."""
+    import torch
+
+    cls = m.TritonAttnBackend
+    original = cls.init_forward_metadata_replay_cuda_graph
+
+    def replay(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+               seq_lens_cpu, *args, **kwargs):
+        original(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info,
+                 seq_lens_cpu, *args, **kwargs)
+        if not forward_mode.is_draft_extend_v2():
+            return
+        n = int(self.num_draft_tokens)
+        self.qo_indptr[: bs + 1] = torch.arange(0, bs * n + 1, n, dtype=self.qo_indptr.dtype, device=self.device)
+        prefix = torch.clamp(seq_lens[:bs] - spec_info.extend_seq_lens_tensor[:bs], min=0)
+        self.kv_indptr[1: bs + 1] = torch.cumsum(prefix, dim=0)
+        m.create_flashinfer_kv_indices_triton[(bs,)](
+            self.req_to_token, req_pool_indices, prefix, self.kv_indptr[: bs + 1], None,
+            self.cuda_graph_kv_indices, self.req_to_token.stride(0))
+
+    cls.init_forward_metadata_replay_cuda_graph = replay
 
 
 @after_import("sglang.srt.mem_cache.memory_pool", when="gpu")
