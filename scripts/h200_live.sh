@@ -10,7 +10,7 @@ set -u
 source scripts/h200_setup.sh
 gpu_clock_log
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=$(basename "$CONFIG" .yaml)
+CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=${RUN:-$(basename "$CONFIG" .yaml)}
 if [ -z "${SKIP_IDENTITY:-}" ]; then
     timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
         --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1

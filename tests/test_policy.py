@@ -866,3 +866,22 @@ def test_goodput_measures_what_a_switch_costs_on_a_pipelined_server():
     b = bucket_of(8)
     assert p.t_est[0][b] == pytest.approx(plain) and p.t_est[1][b] == pytest.approx(spec)
     assert p._t_resume[b] == pytest.approx(on, rel=0.05) and p._t_pause[b] == pytest.approx(off, rel=0.05)
+
+
+def test_goodput_forgets_a_warm_up_prefill_of_the_mode_it_left():
+    """Live on the H200: the first prefills of a server's life (kernels compiled for new shapes)
+    ran plain and cost 229 ms per request; goodput then speculated where that paid and never ran
+    a plain prefill again, so the stale figure priced every plain step from then on and it
+    speculated at batch 128 for 0.74 of a plain server.  Evidence a mode stopped collecting must
+    age, and a plain-mode prefill (the target's and the draft's K and V) is never dearer than a
+    speculative one (the draft's whole prefill besides)."""
+    p = Goodput()
+    p.note_prefill(8, 8 * 128, 2.0)  # the first prompts, plain, compiling kernels: 250 ms each
+    _closed_loop(p, 3000, spec=0.010)  # speculation pays: it speculates
+    assert p.estimates()["8+"]["speculate"] is True
+    tok, wall = _closed_loop(p, 6000, spec=0.024)  # now it loses (2 tokens for 2.7 plain steps' time)
+    never_tok, never_wall = _closed_loop(build_policy("never"), 6000, spec=0.024)
+    assert p.estimates()["8+"]["speculate"] is False, p.prefill_estimates()
+    assert (tok / wall) / (never_tok / never_wall) > 0.95
+    over = p.prefill_estimates()["overhead_ms_per_request"]
+    assert over["plain"] <= over["spec"]

@@ -112,3 +112,23 @@ def test_the_run_config_is_read_as_a_sweep_config(run_dir, tmp_path):
     with pytest.raises(FitError, match=r"config.yaml: input_len") as err:
         spec_from_run(run)
     assert "\n" not in str(err.value)
+
+
+def test_the_prefill_is_the_servers_own_timing_where_a_scrape_carries_it(run_dir, tmp_path):
+    """A time to first token holds the HTTP path and the wait for a step: on the H200 it was three
+    times the prefill forward the patched server timed, and the fit found no step times at all
+    (worst error 56%, a negative plain step).  The servers' own figure wins where it exists."""
+    import gzip
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for i, ms in enumerate((12.0, 14.0, 30.0)):
+        state = {"dynspec": {"policy": "goodput", "prefill_estimates": {"fixed_ms": ms}}}
+        with gzip.open(run / "scrapes" / f"dynspec_c{i}_r0.json.gz", "wt") as f:
+            json.dump({"after": {"server_info": {"internal_states": [state]}}}, f)
+    spec = spec_from_run(run)
+    assert spec.prefill.per_token_ms == pytest.approx(14.0 / 512, rel=1e-3)
+    assert any("patched servers' own timing" in a for a in spec.assumptions)
+    assert spec_from_run(run_dir).prefill.per_token_ms != pytest.approx(14.0 / 512, rel=0.05)

@@ -45,6 +45,34 @@ def speculative_of(arm: Arm) -> Speculative:
     return Speculative(num_steps=steps, topk=found.get("topk", 1), num_draft_tokens=found.get("num_draft_tokens", steps + 1))
 
 
+def server_prefill_ms(run_dir: Path) -> float | None:
+    """What a prefill forward costs as the patched servers timed it: the median of goodput's
+    fixed_ms over the run's scrapes, or None where no scrape carries it.  A time to first token
+    holds the HTTP path and the wait for a step besides; on a GPU it can be several times the
+    forward, and a fit that charged it to every request would find no step times that fit."""
+    import gzip
+    import json
+
+    found = []
+    for path in sorted((run_dir / "scrapes").glob("*.json*")):
+        try:
+            with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+                stack = [json.load(f).get("after")]
+        except (OSError, ValueError, AttributeError):
+            continue
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                ms = (node.get("prefill_estimates") or {}).get("fixed_ms") if "policy" in node else None
+                if isinstance(ms, (int, float)) and ms > 0:
+                    found.append(float(ms))
+                    break
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+    return statistics.median(found) if found else None
+
+
 def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3_arm: str = "eagle3",
                   name: str | None = None, catch_up_fraction: float = 0.0,
                   accept_length: float | None = None) -> FitSpec:
@@ -90,8 +118,10 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     input_len, output_len = config.input_len, config.output_len
     base = df[df["arm"] == baseline_arm]
     ttft = float(base[base["concurrency"] == levels[0]]["median_ttft_ms"].mean())
-    if not ttft > 0:
+    timed = server_prefill_ms(run_dir)
+    if timed is None and not ttft > 0:
         raise FitError(f"{results}: no time to first token for arm {baseline_arm!r} at C={levels[0]}")
+    prefill_ms = ttft if timed is None else timed
     run_id = run_dir.name
     prompts = config.num_prompts or f"max({config.prompts_per_client}C, {config.min_prompts})"
     assumptions = [
@@ -100,8 +130,11 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         (f"acceptance: accept length {accept_length:.3f}, "
          + ("given on the command line" if accept_given else "the mean over the eagle3 arm's levels")
          + "; concentration 10 assumed"),
-        (f"prefill: the baseline's median time to first token at C={levels[0]} ({ttft:.1f} ms) taken as one "
-         f"{input_len}-token prefill, all per token; 8192-token chunks assumed"),
+        ((f"prefill: the baseline's median time to first token at C={levels[0]} ({ttft:.1f} ms) taken as one "
+          if timed is None else
+          f"prefill: {timed:.1f} ms, the median over the patched servers' own timing of their prefill forwards "
+          "(prefill_estimates.fixed_ms in the scrapes), taken as one ")
+         + f"{input_len}-token prefill, all per token; 8192-token chunks assumed"),
         "step times between the measured concurrencies are linear in batch size; beyond the last they extend it",
         (f"a plain step inside a switching server costs {100 * catch_up_fraction:g}% more than the plain "
          "server's (the draft catch-up; catch_up_fraction), not measured by this run"),
@@ -113,7 +146,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         source=f"dynspec run {run_id} ({config.backend}): {results}, arms {baseline_arm} and {eagle3_arm}",
         speculative=speculative_of(spec_arm),
         acceptance=Acceptance(accept_length=round(accept_length, 4)),
-        prefill=Prefill(fixed_ms=0.0, per_token_ms=round(ttft / input_len, 6)),
+        prefill=Prefill(fixed_ms=0.0, per_token_ms=round(prefill_ms / input_len, 6)),
         workload=Workload(input_len=input_len, output_len=output_len, num_prompts=config.num_prompts,
                           seed=config.seed),
         targets=[Target(concurrency=int(c), baseline=round(tput[baseline_arm][c], 3),

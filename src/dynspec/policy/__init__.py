@@ -1268,13 +1268,16 @@ class Goodput(Policy):
         self._cp, self._cs = self._per_request()
 
     def _per_request(self) -> tuple[float, float]:
-        """Prefill overhead per admitted request, plain and spec (a mode not seen takes the other's)."""
+        """Prefill overhead per admitted request, plain and spec (a mode not seen takes the other's),
+        plain's never above spec's: a plain-mode prefill does a subset of a speculative one's work
+        (the draft's K and V, not its forward), so more is a stale outlier (a warm-up's compile,
+        kept while the server speculates and no plain prefill comes to replace it)."""
         (sp, np_), (ss, ns) = self._ov
         cp = max(sp, 0.0) / np_ if np_ > 0.0 else None
         cs = max(ss, 0.0) / ns if ns > 0.0 else None
-        if cp is None:
-            return (cs or 0.0), (cs or 0.0)
-        return cp, cp if cs is None else cs
+        if cs is None:
+            return (cp or 0.0), (cp or 0.0)
+        return (cs if cp is None or cp > cs else cp), cs
 
     def _costs(self, b: int, acc: float, tp: float, ts: float) -> tuple[float, float]:
         """What a plain and a spec step cost the server's throughput in bucket b: the step, and
