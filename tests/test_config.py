@@ -205,3 +205,34 @@ def test_levels_closed_then_open_with_their_prompt_counts(tmp_path):
     assert cfg.result_columns()[-4:] == ["p99.9_ttft_ms", "p99.9_tpot_ms", "p99.9_itl_ms", "p99.9_e2e_ms"]
     only_rates = parse_config({**BASE, "concurrency": [], "request_rates": [2]})
     assert only_rates.levels() == [Level(0, 2.0)]  # no cap
+
+
+PATCHED = "python -m dynspec.realsglang serve --patched -- --model-path {model} --port {port}"
+
+
+@pytest.mark.parametrize("arm, what", [
+    ({"name": "g", "sim_arm": "dynamic", "env": {"DYNSPEC_POLICY": "goodptu"}},
+     "arms.0: arm 'g': env DYNSPEC_POLICY: 'goodptu': unknown policy 'goodptu'"),
+    ({"name": "g", "sim_arm": "dynamic", "env": {"DYNSPEC_POLICY": "threshold:16"}},
+     "arm 'g': sim_arm 'dynamic' runs goodput but env DYNSPEC_POLICY is 'threshold:16'; state the policy once"),
+    ({"name": "n", "sim_arm": "baseline", "env": {"DYNSPEC_POLICY": "never"}},
+     "sim_arm 'baseline' runs no speculation but env DYNSPEC_POLICY is 'never'"),
+])
+def test_an_arms_policy_stated_twice_must_agree(tmp_path, arm, what):
+    """A typo in DYNSPEC_POLICY used to load: the patched server fell back to speculating on
+    every step and the results row said goodput."""
+    msg = error_of(tmp_path, with_(arms=[{**arm, "launch": PATCHED}]))
+    assert what in msg, msg
+
+
+def test_a_switching_arms_launch_environment_comes_from_sim_arm(tmp_path):
+    cfg = load_config(write(tmp_path, with_(arms=[
+        {"name": "t", "sim_arm": "policy:threshold:16", "launch": PATCHED},
+        {"name": "g", "sim_arm": "dynamic", "launch": PATCHED, "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+        {"name": "e", "sim_arm": "eagle3", "launch": PATCHED},
+        {"name": "same", "sim_arm": "policy:threshold:16", "launch": PATCHED, "env": {"DYNSPEC_POLICY": "threshold:16"}},
+    ])))
+    t, g, e, same = cfg.arms
+    assert t.env == {"DYNSPEC_POLICY": "threshold:16"}
+    assert g.env == {"SGLANG_ENABLE_SPEC_V2": "1", "DYNSPEC_POLICY": "goodput"}
+    assert e.env == {} and same.env == {"DYNSPEC_POLICY": "threshold:16"}

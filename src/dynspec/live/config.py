@@ -18,7 +18,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from dynspec.models import StrictModel, Workload, field_default
-from dynspec.roles import SIM_ARMS
+from dynspec.roles import ARM_POLICIES, SIM_ARMS
 from dynspec.io.typed_yaml import parse_model, read_yaml
 
 PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
@@ -190,6 +190,11 @@ class BenchServing(StrictModel):
         return shlex.split(v) if isinstance(v, str) else v
 
 
+def _stated_policy(sim_arm: str) -> str | None:
+    """The policy spec sim_arm names (None: no speculation); as written, not yet checked."""
+    return ARM_POLICIES.get(sim_arm) if sim_arm in ARM_POLICIES else sim_arm.removeprefix("policy:")
+
+
 class Arm(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)  # used in file names
     description: str = ""
@@ -227,6 +232,38 @@ class Arm(StrictModel):
             return {str(k): "1" if x is True else "0" if x is False else str(x) if isinstance(x, (int, float)) else x
                     for k, x in v.items()}
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_policy_env(cls, data):
+        # sim_arm states a switching arm's policy; a patched server reads it from DYNSPEC_POLICY.
+        if isinstance(data, dict) and isinstance(data.get("sim_arm"), str):
+            stated = _stated_policy(data["sim_arm"])
+            env = data.get("env") or {}
+            if stated is not None and data["sim_arm"] != "eagle3" and isinstance(env, dict) \
+                    and "DYNSPEC_POLICY" not in env:
+                data = {**data, "env": {**env, "DYNSPEC_POLICY": stated}}
+        return data
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> "Arm":
+        """An env DYNSPEC_POLICY is checked as `dynspec policy check` does and must be the policy
+        sim_arm states: otherwise a typo makes a patched server fall back to speculating on every
+        step while the results say it switched."""
+        env = self.env.get("DYNSPEC_POLICY")
+        if env is None:
+            return self
+        from dynspec.policy import PolicySpecError, check_spec
+
+        try:
+            told = check_spec(env)
+        except PolicySpecError as exc:
+            raise ValueError(f"arm {self.name!r}: env DYNSPEC_POLICY: {exc}") from None
+        stated = _stated_policy(self.sim_arm)
+        if stated is None or check_spec(stated) != told:
+            raise ValueError(f"arm {self.name!r}: sim_arm {self.sim_arm!r} runs {stated or 'no speculation'} "
+                             f"but env DYNSPEC_POLICY is {env!r}; state the policy once, in sim_arm")
+        return self
 
     @property
     def speculates(self) -> bool:
