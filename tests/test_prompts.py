@@ -4,6 +4,7 @@ dataset, fixed or by a range ratio; nothing downloaded."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -90,3 +91,43 @@ def test_a_sim_sweep_sends_the_datasets_lengths_and_the_report_names_the_source(
     assert row["total_output_tokens"] == sum(p.output_len for p in ps)  # the replies' lengths, not output_len
     assert row["total_input_tokens"] == sum(p.tokens for p in ps)
     assert "prompts: ShareGPT file `share.json`, output lengths from the dataset" in report.run_summary(run)
+
+
+def _classes_cfg(**prompts):
+    return parse_config({"name": "cls", "backend": "sim", "concurrency": [2], "num_prompts": 10,
+                         "prompts": {"source": "random", **prompts},
+                         "arms": [{"name": "baseline", "sim_arm": "baseline"}]})
+
+
+def test_prompt_classes_draw_each_prompt_from_one_id_range_in_turn_or_in_blocks():
+    """A crafted model's classes of token ids accept at their own rates; in_turn shifts a level's
+    closed-loop clients from one class to the next mid-level (an acceptance shift)."""
+    from dynspec.live.prompts import build_prompts
+
+    ranges = [[1000, 3048], [3048, 5096]]
+    blocks = build_prompts(_classes_cfg(id_ranges=ranges, class_order="in_turn").prompts, 10, 16, 8, seed=0)
+    inter = build_prompts(_classes_cfg(id_ranges=ranges).prompts, 10, 16, 8, seed=0)
+
+    def cls(p):
+        (c,) = {0 if i < 3048 else 1 for i in p.input_ids}  # every id of a prompt in one class
+        assert all(1000 <= i < 5096 for i in p.input_ids)
+        return c
+
+    assert [cls(p) for p in blocks] == [0] * 5 + [1] * 5
+    assert [cls(p) for p in inter] == [0, 1] * 5
+    # no classes: the draws of before (ids from 1000 below the vocabulary size), seed for seed
+    plain = build_prompts(_classes_cfg(vocab_size=5096).prompts, 10, 16, 8, seed=0)
+    assert [p.input_ids for p in plain] == [p.input_ids for p in random_prompts(10, 16, 8, vocab_size=5096, seed=0)]
+
+
+@pytest.mark.parametrize("prompts, what", [
+    ({"id_ranges": [[10, 10]]}, "id_ranges: [10, 10] is empty"),
+    ({"id_ranges": []}, "give at least one [lo, hi] range"),
+    ({"id_ranges": [[1, 2, 3]]}, "id_ranges.0"),
+    ({"id_ranges": [[5, 9]], "source": "sharegpt", "path": "x.json"}, "id_ranges is only for source random"),
+])
+def test_bad_id_ranges_are_refused(prompts, what):
+    from dynspec.live.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(what)):
+        _classes_cfg(**prompts)

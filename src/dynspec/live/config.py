@@ -110,6 +110,12 @@ class Prompts(StrictModel):
     output_lens: Literal["fixed", "dataset", "range"] = "fixed"
     range_ratio: float = Field(1.0, ge=0, le=1)
     tokenizer: str | None = None  # counts a ShareGPT reply's tokens (else 4 UTF-8 bytes per token)
+    # Random prompts in classes of token ids, [lo, hi) each (e.g. the crafted models' classes, whose
+    # drafts are right at different rates): each prompt's ids from one class, the classes taken in
+    # turn prompt by prompt (interleaved) or the level's prompts split into consecutive blocks, one
+    # class after the other (in_turn: closed-loop clients meet a shift of class mid-level).
+    id_ranges: list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)]] | None = None
+    class_order: Literal["interleaved", "in_turn"] = "interleaved"
 
     @model_validator(mode="after")
     def _path(self) -> "Prompts":
@@ -121,6 +127,14 @@ class Prompts(StrictModel):
             raise ValueError(f"output_lens dataset: source {self.source} gives no output lengths (fixed or range)")
         if self.output_lens == "range" and self.range_ratio >= 1:
             raise ValueError("output_lens range needs range_ratio below 1 (1 is output_lens fixed)")
+        if self.id_ranges is not None:
+            if self.source != "random":
+                raise ValueError("id_ranges is only for source random")
+            if not self.id_ranges:
+                raise ValueError("id_ranges: give at least one [lo, hi] range")
+            for lo, hi in self.id_ranges:
+                if not lo < hi:
+                    raise ValueError(f"id_ranges: [{lo}, {hi}] is empty (ids lo..hi-1; lo < hi)")
         if self.tokenizer is not None and not (self.source == "sharegpt" and self.output_lens == "dataset"):
             raise ValueError("tokenizer only counts ShareGPT replies (source sharegpt, output_lens dataset)")
         return self

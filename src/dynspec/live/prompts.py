@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,19 +62,31 @@ def draw_lengths(rng: random.Random, n: int, length: int, ratio: float) -> list[
     return [length if lo >= length else rng.randint(lo, length) for _ in range(n)]
 
 
+def prompt_classes(n: int, k: int, order: str) -> list[int]:
+    """The id class of each of n prompts over k classes: in turn prompt by prompt (interleaved), or
+    in k consecutive blocks as equal as n allows (in_turn)."""
+    if order == "in_turn":
+        return [i * k // n for i in range(n)]
+    return [i % k for i in range(n)]
+
+
 def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int = 32000, seed: int = 0,
-                   range_ratio: float = 1.0) -> list[Prompt]:
+                   range_ratio: float = 1.0, id_ranges: Sequence[Sequence[int]] | None = None,
+                   class_order: str = "interleaved") -> list[Prompt]:
     """n prompts of random token ids (seeded): input_len ids each generating output_len tokens, or
     lengths drawn in [range_ratio x len, len].  Ids avoid the lowest 1000, where tokenizers keep
-    their special tokens."""
+    their special tokens; with id_ranges, each prompt draws from one [lo, hi) class instead
+    (prompt_classes)."""
     rng = random.Random(seed)
-    lo = min(1000, vocab_size // 2)
+    ranges = [tuple(r) for r in id_ranges] if id_ranges else [(min(1000, vocab_size // 2), vocab_size)]
+    classes = prompt_classes(n, len(ranges), class_order)
     if range_ratio >= 1.0:
         ins, outs = [input_len] * n, [output_len] * n
     else:
         lens = random.Random(f"lengths-{seed}")
         ins, outs = draw_lengths(lens, n, input_len, range_ratio), draw_lengths(lens, n, output_len, range_ratio)
-    return [Prompt(o, input_ids=tuple(rng.randrange(lo, vocab_size) for _ in range(i))) for i, o in zip(ins, outs)]
+    return [Prompt(o, input_ids=tuple(rng.randrange(*ranges[c]) for _ in range(i)))
+            for i, o, c in zip(ins, outs, classes)]
 
 
 # Dataset files: each reader gives (prompt, reference output length or None) ---------------------
@@ -182,7 +195,8 @@ def build_prompts(prompts_cfg, n: int, input_len: int, output_len: int, seed: in
     if prompts_cfg.source == "random":
         ratio = prompts_cfg.range_ratio if prompts_cfg.output_lens == "range" else 1.0
         return random_prompts(n, input_len, output_len, vocab_size=prompts_cfg.vocab_size, seed=seed,
-                              range_ratio=ratio)
+                              range_ratio=ratio, id_ranges=prompts_cfg.id_ranges,
+                              class_order=prompts_cfg.class_order)
     return file_prompts(prompts_cfg.source, prompts_cfg.path, n, output_len, seed=seed,
                         output_lens=prompts_cfg.output_lens, range_ratio=prompts_cfg.range_ratio,
                         tokenizer=prompts_cfg.tokenizer)
