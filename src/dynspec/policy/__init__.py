@@ -457,6 +457,7 @@ class Goodput(Policy):
     PROBE_STEPS = 2  # (set per instance from `window`)
     OV_DECAY = 0.98  # per prefill forward: the prefill overhead forgets over ~50 of them
     EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
+    STALL_MAX = 2.0  # a steady step counts for at most this many times the estimate it updates
 
     def __init__(
         self,
@@ -585,6 +586,7 @@ class Goodput(Policy):
         self._last_b = 0  # the bucket of the last step observed
         self._known = [not self._explore] * n  # a bucket explored, or decided from a neighbour
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
+        self._t_seen = [[1.0 if profile is not None else 0.0] * n for _ in range(2)]  # steady steps folded in
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec
         # (steady steps), 2 and 3 what switches to speculation and to plain cost (one per switch).
         self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n]
@@ -1299,12 +1301,18 @@ class Goodput(Policy):
             costs[b] += w * (max(t, 0.0) - costs[b])
             return
         prev, ts = self.t_est[kind][b], self.t_est[1][b]
+        if prev is not None and t > self.STALL_MAX * prev:  # one stalled step (a kernel compiled on
+            t = self.STALL_MAX * prev  # first use) is no measure of a mode: it counts as a doubling
         # A borrowed time gives way to a measured one, and so does a plain time above the spec
         # one: a state no machine is in (see _times), left by an outlier such as a warm-up step.
+        seen = self._t_seen[kind]
         if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
-            self.t_est[kind][b], self._seeded[kind][b] = t, False
+            self.t_est[kind][b], self._seeded[kind][b], seen[b] = t, False, count
         else:
-            self.t_est[kind][b] = prev + (1.0 - (1.0 - self.alpha) ** count) * (t - prev)
+            seen[b] += count
+            # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
+            w = max(1.0 - (1.0 - self.alpha) ** count, count / seen[b])
+            self.t_est[kind][b] = prev + w * (t - prev)
 
     # Agreement across TP ranks --------------------------------------------------------
     def sync_schedule(self) -> SyncSchedule:
