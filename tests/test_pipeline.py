@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import nbformat
 import yaml
 
 from dynspec.analysis import pipeline
@@ -145,7 +146,7 @@ def test_a_failing_notebook_stops_the_pipeline_and_stays_for_inspection(tmp_path
     assert "dynspec pipeline: 02_sweep failed at cell In [" in proc.stderr
     assert "RuntimeError: boom from the test" in proc.stderr
     assert "failing cell:\n    raise RuntimeError('boom from the test')" in proc.stderr
-    kept = reports / "broken" / "02_sweep.ipynb"
+    kept = reports / ".broken.building" / "02_sweep.ipynb"  # built beside reports/broken, never published
     assert f"executed notebook kept for inspection: {kept}" in proc.stderr
     executed = nbformat.read(kept, as_version=4)
     errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
@@ -153,8 +154,8 @@ def test_a_failing_notebook_stops_the_pipeline_and_stays_for_inspection(tmp_path
     assert errors and errors[0]["evalue"] == "boom from the test"
     # It stopped there: earlier stages ran, later ones did not, nothing was published.
     assert "[pipeline] 01_patch" in proc.stdout and "[pipeline] 02_sweep" not in proc.stdout
-    assert not (reports / "broken" / "03_report.ipynb").exists()
-    assert not (reports / "broken" / "report.html").exists()
+    assert not (reports / ".broken.building" / "03_report.ipynb").exists()
+    assert not (reports / "broken").exists()
     assert not (reports / "index.html").exists()
 
 
@@ -405,3 +406,39 @@ def test_the_sweep_notebook_finds_its_default_config_from_any_folder(tmp_path, c
                         progress_bar=False)
     run = load_run(runs / "from-anywhere")
     assert run.config_name == "ci-tiny" and len(run.results) > 0
+
+
+def test_a_failed_overwrite_leaves_the_published_report_as_it_was(tmp_path):
+    """The report is built beside the published one and renamed into place once whole: an
+    --overwrite that dies half-way (here its report notebook raises; Ctrl-C during `make publish`
+    alike) used to delete report.html and summary.json before anything new existed."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    common = ("--config", str(config), "--run-id", "pub", "--runs-dir", str(runs), "--reports-dir", str(reports))
+    first = run_pipeline(*common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    published = {p.name: p.read_bytes() for p in (reports / "pub").iterdir()}
+    assert {"report.html", "summary.json"} <= set(published)
+
+    nb_dir = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", nb_dir)
+    nb = nbformat.read(nb_dir / "03_report.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('killed half-way')"))
+    nbformat.write(nb, nb_dir / "03_report.ipynb")
+    second = run_pipeline(*common, "--overwrite", "--notebooks-dir", str(nb_dir))
+    assert second.returncode == 1 and "killed half-way" in second.stderr
+    assert {p.name: p.read_bytes() for p in (reports / "pub").iterdir()} == published
+    assert 'href="pub/report.html"' in (reports / "index.html").read_text()
+
+
+def test_a_publish_cut_between_its_two_renames_is_undone_on_the_next_start(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    pc = pipeline.resolve(config, run_id="cut", runs_dir=tmp_path / "runs", reports_dir=tmp_path / "reports")
+    pc.old_dir.mkdir(parents=True)  # the published report set aside, the new one not yet in place
+    (pc.old_dir / "report.html").write_text("the published one")
+    again = pipeline.resolve(config, run_id="cut", resume=False, overwrite=True, runs_dir=tmp_path / "runs",
+                             reports_dir=tmp_path / "reports")
+    assert (again.report_dir / "report.html").read_text() == "the published one"
+    assert not again.old_dir.exists()

@@ -74,6 +74,17 @@ class PipelineConfig(Model):
         return self.reports_dir / self.run_id
 
     @property
+    def build_dir(self) -> Path:
+        """Where a pipeline builds the report; renamed to report_dir once whole, so an interrupted
+        run leaves the published report as it was.  A sibling: paths relative to it are the same."""
+        return self.reports_dir / f".{self.run_id}.building"
+
+    @property
+    def old_dir(self) -> Path:
+        """The published report while the new one is renamed into its place."""
+        return self.reports_dir / f".{self.run_id}.old"
+
+    @property
     def run_dir(self) -> Path:
         return self.runs_dir / self.run_id
 
@@ -145,9 +156,10 @@ def resolve(config: str | Path, *, backend: str | None = None, run_id: str | Non
                             apply_patch=apply_patch, patch_dry_run=patch_dry_run, sglang_path=sglang_path)
     except ValidationError as exc:
         raise PipelineError(validation_message(exc)) from None
-    for d in (pc.run_dir, pc.report_dir):
+    for d in (pc.run_dir, pc.report_dir, pc.build_dir, pc.old_dir):
         if d.is_symlink():  # --overwrite would empty whatever it points at
             raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
+    _recover(pc)
     run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
     # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
     published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()
@@ -238,7 +250,7 @@ def execute_notebook(pc: PipelineConfig, name: str, log_output: bool = False) ->
     from papermill.exceptions import PapermillExecutionError
 
     src = pc.notebooks_dir / f"{name}.ipynb"
-    out = pc.report_dir / f"{name}.ipynb"
+    out = pc.build_dir / f"{name}.ipynb"
     try:
         pm.execute_notebook(str(src), str(out), parameters=pc.parameters()[name], kernel_name=pc.kernel,
                             execution_timeout=pc.cell_timeout_s, cwd=str(pc.notebooks_dir),
@@ -315,7 +327,7 @@ def write_summary(pc: PipelineConfig, timings: dict[str, float]) -> dict:
     summary = headline(load_run(pc.run_dir))
     summary.update(generated=datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
                    report="report.html", stage_seconds={k: round(v, 2) for k, v in timings.items()})
-    write_text(pc.report_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text(pc.build_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -348,6 +360,8 @@ def write_index(reports_dir: Path) -> Path:
     """reports/index.html from every reports/<run-id>/summary.json, newest first."""
     rows = []
     for f in sorted(reports_dir.glob("*/summary.json")):
+        if f.parent.name.startswith("."):  # a report being built or replaced
+            continue
         try:
             s = read_json(f, ValueError)
         except ValueError:
@@ -418,7 +432,7 @@ def settings_from_data(data: dict, report_dir: str | Path) -> PipelineConfig:
 
 def save_settings(pc: PipelineConfig) -> Path:
     """pipeline.yaml beside the report (settings_data)."""
-    out = pc.report_dir / "pipeline.yaml"
+    out = pc.build_dir / "pipeline.yaml"
     write_text(out, yaml.safe_dump(settings_data(pc), sort_keys=False))
     return out
 
@@ -436,20 +450,26 @@ def save_provenance(pc: PipelineConfig, command: str, argv: list[str] | None) ->
     from dynspec.live.config import load_config
 
     profile = None if pc.backend == "live" else load_config(pc.config).profile
-    return provenance.write(provenance.in_folder(pc.report_dir), command, settings_data(pc), argv=argv,
+    return provenance.write(provenance.in_folder(pc.build_dir), command, settings_data(pc), argv=argv,
                             profile=profile)
 
 
+def _recover(pc: PipelineConfig) -> None:
+    """Undo what an interrupted publish left: the old report back if the new one never arrived."""
+    if pc.old_dir.is_dir():
+        if pc.report_dir.exists():
+            shutil.rmtree(pc.old_dir)
+        else:
+            pc.old_dir.rename(pc.report_dir)
+
+
 def _prepare_dirs(pc: PipelineConfig, command: str, argv: list[str] | None) -> None:
-    if pc.overwrite:
-        for d in (pc.run_dir, pc.report_dir):
-            if d.exists():
-                shutil.rmtree(d)
-    pc.report_dir.mkdir(parents=True, exist_ok=True)
-    for name in NOTEBOOKS:  # an earlier attempt's notebooks would pass for this one's
-        (pc.report_dir / f"{name}.ipynb").unlink(missing_ok=True)
-    (pc.report_dir / "report.html").unlink(missing_ok=True)
-    (pc.report_dir / "summary.json").unlink(missing_ok=True)
+    _recover(pc)
+    if pc.overwrite and pc.run_dir.exists():
+        shutil.rmtree(pc.run_dir)
+    if pc.build_dir.exists():  # an earlier attempt's notebooks would pass for this one's
+        shutil.rmtree(pc.build_dir)
+    pc.build_dir.mkdir(parents=True)
     save_settings(pc)
     save_provenance(pc, command, argv)
 
@@ -478,13 +498,24 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
                 stage(name, lambda name=name: execute_notebook(pc, name, log_output))
         else:
             stage(name, lambda name=name: execute_notebook(pc, name, log_output))
-    report = stage("render html", lambda: render_html(pc.report_dir / "03_report.ipynb",
-                                                      pc.report_dir / "report.html", f"dynspec report: {pc.run_id}"))
-    index = stage("index", lambda: (write_summary(pc, timings), write_index(pc.reports_dir))[1])
+    stage("render html", lambda: render_html(pc.build_dir / "03_report.ipynb",
+                                             pc.build_dir / "report.html", f"dynspec report: {pc.run_id}"))
+    write_summary(pc, timings)
+    _publish(pc)
+    report = pc.report_dir / "report.html"
+    index = stage("index", lambda: write_index(pc.reports_dir))
     echo(f"[pipeline] {'total':<15s} {time.perf_counter() - t_all:6.1f} s")
     echo(f"index:  {index}")
     echo(f"report: {report}")
     return report
+
+
+def _publish(pc: PipelineConfig) -> None:
+    """The built report into place: the published one aside, the new one in, the old one gone."""
+    if pc.report_dir.exists():
+        pc.report_dir.rename(pc.old_dir)
+    pc.build_dir.rename(pc.report_dir)
+    _recover(pc)
 
 
 @contextlib.contextmanager
