@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import nbformat
 import yaml
 
 from dynspec.analysis import pipeline
