@@ -53,23 +53,19 @@ def server_prefill_ms(run_dir: Path) -> float | None:
     import gzip
     import json
 
+    from dynspec.live.server_info import dynspec_state
+
     found = []
     for path in sorted((run_dir / "scrapes").glob("*.json*")):
         try:
             with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
-                stack = [json.load(f).get("after")]
+                after = json.load(f).get("after") or {}
         except (OSError, ValueError, AttributeError):
             continue
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                ms = (node.get("prefill_estimates") or {}).get("fixed_ms") if "policy" in node else None
-                if isinstance(ms, (int, float)) and ms > 0:
-                    found.append(float(ms))
-                    break
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
+        block = dynspec_state(after.get("server_info") if isinstance(after, dict) else None) or {}
+        ms = (block.get("prefill_estimates") or {}).get("fixed_ms")
+        if isinstance(ms, (int, float)) and ms > 0:
+            found.append(float(ms))
     return statistics.median(found) if found else None
 
 
