@@ -24,7 +24,9 @@ rm -rf /tmp/traces; mkdir -p /tmp/traces  # DYNSPEC_STEP_TRACE files of configs 
 RESUME=""; if [ -n "${RESUME_DIR:-}" ]; then
     rm -rf "/tmp/runs/$RUN"; mkdir -p /tmp/runs; cp -r "$RESUME_DIR" "/tmp/runs/$RUN"; RESUME=--resume
 fi
-timeout ${SWEEP_S:-360} python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" $RESUME \
+# SWEEP_CPUS (e.g. 0-3): the sweep and its client on those cores only (configs pin their servers)
+PIN=""; [ -n "${SWEEP_CPUS:-}" ] && PIN="taskset -c $SWEEP_CPUS"
+timeout ${SWEEP_S:-360} $PIN python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" $RESUME \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
 # step traces (DYNSPEC_STEP_TRACE) of this call beside those of earlier calls of the run

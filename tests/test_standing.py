@@ -43,3 +43,15 @@ def test_the_command_prints_a_row_per_level_and_refuses_an_unknown_arm(tmp_path,
     assert "of_envelope" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no arm 'goodptu' in the run"):
         main([str(tmp_path), "--arm", "goodptu"])
+
+
+def test_two_plain_servers_give_the_noise_floor_of_a_round():
+    df = _results()
+    twin = df[df["arm"] == "baseline"].assign(arm="baseline-2")
+    twin["output_throughput"] = [90.0, 77.0]  # 0.9 and 1.1 of its twin
+    row = standing(pd.concat([df, twin]), "dynspec-goodput").iloc[0]
+    assert row["twin_spread"] == pytest.approx((100 / 90 + 77 / 70) / 2)
+    assert row["worst_twin_spread"] == pytest.approx(100 / 90)
+    # the envelope takes the faster of the two plain servers
+    assert row["worst_round"] == pytest.approx(63 / 77)
+    assert "twin_spread" not in standing(df, "dynspec-goodput").columns

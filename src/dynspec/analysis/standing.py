@@ -6,6 +6,8 @@ at one level moved by up to 30% from round to round, while the ratios moved far 
 this gives, for every switching arm: its share of the envelope (the better static arm of the same
 round), averaged over rounds and its worst round; its ratio to the best other switching arm (a
 static cutoff, say); EAGLE-3 over plain; and, with a simulated twin of the run, sim over live.
+Where a run has two servers doing the same work (two plain arms, say), `twin_spread` is the
+fastest of them over the slowest, per round: the noise floor of one ratio in that design.
 
     python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput]
 """
@@ -46,11 +48,17 @@ def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None) -
     others = [a for a in wide.columns if a not in plain + spec + [arm]]
     for other in others:
         per_round[f"over_{other}"] = wide[arm] / wide[other]
+    twins = [group for group in (plain, spec) if len(group) > 1]
+    if twins:  # servers doing the same work: how far apart they measure is what a ratio can resolve
+        per_round["twin_spread"] = pd.concat([wide[g].max(axis=1) / wide[g].min(axis=1) for g in twins],
+                                             axis=1).max(axis=1)
     per_round = per_round.dropna(subset=["of_envelope"])
     g = per_round.groupby(level="concurrency")
     out = g.mean()
     out.insert(1, "worst_round", g["of_envelope"].min())
     out.insert(0, "rounds", g.size())
+    if twins:
+        out["worst_twin_spread"] = g["twin_spread"].max()
     if sim is not None:
         live_mean = results[results["arm"] == arm].groupby("concurrency")[METRIC].mean()
         sim_mean = sim[sim["arm"] == arm].groupby("concurrency")[METRIC].mean()
