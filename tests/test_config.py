@@ -11,7 +11,9 @@ from dynspec.live.config import ConfigError, check_live, load_config, parse_conf
 from dynspec.policy import check_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# the configs a user starts from, and every study's sweep config (its profiles and fit specs aside)
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + sorted(
+    p for p in (ROOT / "experiments").glob("*/*.yaml") if "arms" in (yaml.safe_load(p.read_text()) or {}))
 
 BASE = {
     "name": "t",
@@ -43,7 +45,7 @@ def error_of(tmp_path: Path, data) -> str:
     return msg
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
 def test_shipped_configs_load(path):
     cfg = load_config(path)
     assert cfg.arms and cfg.concurrency
