@@ -2,13 +2,13 @@
 
 Reads a sweep's run folder whose servers ran with SGLang's device timer
 (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 and --enable-metrics, e.g.
-configs/h200-llama8b-price-timed.yaml): each level's scrapes hold
+experiments/h200-llama8b-price/price-timed.yaml): each level's scrapes hold
 `sglang:gpu_execution_seconds_total` per forward mode, timed with CUDA events around every
 forward, so the level's wall time splits into forward_extend + forward_decode + the rest, when
 the GPU had no forward to run (the scheduler late, or no request to serve).  Arms are pooled by
 kind (their sim_arm in the run's config.yaml: baseline, eagle3, policy:never ...; without one,
 their policy column), and the last lines compare each kind with the first.
-    python benchmarks/gpu_time_split.py data/measured/h200-llama8b-price-timed
+    python benchmarks/gpu_time_split.py experiments/h200-llama8b-price/data/h200-llama8b-price-timed
 """
 
 from __future__ import annotations

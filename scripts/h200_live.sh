@@ -2,7 +2,7 @@
 # One call on the lent H200 (no network): the real SGLang 0.5.9, upstream and patched by dynspec.
 #   1. tiny crafted models, six arms side by side, CUDA graphs on: greedy identity and counters;
 #   2. Llama-3.1-8B shapes (dummy weights, bf16): `dynspec sweep --backend live` over
-#      configs/h200-llama8b-live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).
+#      experiments/h200-llama8b-price/live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 # Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder),
 # gpu-clocks.csv (the GPU's clocks, temperature and power, once a second).
@@ -10,7 +10,7 @@ set -u
 source scripts/h200_setup.sh
 gpu_clock_log
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-CONFIG=${CONFIG:-configs/h200-llama8b-live.yaml}; RUN=${RUN:-$(basename "$CONFIG" .yaml)}
+CONFIG=${CONFIG:-experiments/h200-llama8b-price/live.yaml}; RUN=${RUN:-$(basename "$CONFIG" .yaml)}
 if [ -z "${SKIP_IDENTITY:-}" ]; then
     timeout ${IDENTITY_S:-200} python3 benchmarks/real_sglang_identity.py --gpu --out "$OUT/identity.json" \
         --logs /tmp/identity-logs > "$OUT/identity.txt" 2>&1

@@ -48,7 +48,7 @@ def test_overhead_from_a_profile_is_plain_plus_catch_up_over_plain_and_flags_the
 def test_overhead_measured_here_on_cpu(capsys):
     """Every piece is timed by calibrate's timer and reported as a finite ratio to the plain step.
     Which piece is cheaper is the benchmark's to show on a quiet GPU
-    (data/measured/h200-plain-step-overhead), not this test's: on the shared 2-core CI machine one
+    (experiments/h200-real-sglang/data/h200-plain-step-overhead), not this test's: on the shared 2-core CI machine one
     contended median flipped the order (catch-up 24.9 against an extend of 1.22 plain steps)."""
     argv = ["--measure", "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--batch-sizes", "1,4",
             "--context", "24,40", "--repeats", "5", "--warmup", "1"]

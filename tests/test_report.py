@@ -371,21 +371,22 @@ def test_headline_says_who_wins_where_and_how_close_the_switching_arm_comes():
 
 
 def _live_run(root, run_id, hardware, backend="live"):
-    d = root / run_id
+    d = root / "a-study" / "data" / run_id
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"run_id": run_id, "backend": backend, "hardware": hardware}))
 
 
 def test_status_box_names_the_fit_and_where_the_patch_has_really_run(tmp_path):
-    measured = tmp_path / "measured"
-    _live_run(measured, "h200-live", "1x NVIDIA H200 (lent machine)")
+    measured = tmp_path / "experiments"
+    _live_run(measured, "h200-live", "1x NVIDIA H200 (torch 2.11)")
+    _live_run(measured, "h200-crafted", "1x NVIDIA H200")
     _live_run(measured, "an-emulated-one", "8x RTX PRO 6000", backend="emulate")  # not a measurement
     sim = report.load_run(_write_run(tmp_path, _rows(), name="s"))
     box = dict(report.status_box(sim, measured))
     assert box["Numbers"].startswith("Simulated") and "Arms with a policy" not in box["Numbers"]
     assert "seed-blackwell was fitted to seed investigation" in box["Profile"] and "by construction" in box["Profile"]
     assert "KV-only" in box["Switch cost"]
-    assert "h200-live (1x NVIDIA H200 (lent machine))" in box["Real SGLang"] and "an-emulated-one" not in box["Real SGLang"]
+    assert "in 2 measured runs under experiments/: 2 on 1x NVIDIA H200." in box["Real SGLang"]
     assert box["Never run"].startswith("the patched server has never run on 8x RTX PRO 6000")
     # Once a live run on that hardware is committed, the line goes.
     _live_run(measured, "seed-node", "8x RTX PRO 6000 Blackwell")

@@ -77,7 +77,7 @@ ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
 ENV_CATCH_UP_WINDOW = "DYNSPEC_CATCHUP_WINDOW"
 ENV_STEP_TRACE = "DYNSPEC_STEP_TRACE"
 # 32: at batch 1 a pass costs about 0.15 ms on an H200 (Llama-3.1-8B head, mostly reading the
-# fc and K/V weights; data/measured/h200-census), so 8 steps per pass left 0.019 ms on every
+# fc and K/V weights; experiments/h200-real-sglang/data/h200-census), so 8 steps per pass left 0.019 ms on every
 # plain step; 32 leaves about a quarter of that.  The ring caps rows at 1024 (window x batch).
 DEFAULT_CATCH_UP_WINDOW = 32
 

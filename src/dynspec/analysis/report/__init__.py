@@ -26,7 +26,7 @@ from dynspec.analysis.report.figures import FEW_SPEC_STEPS, envelope_figure, for
 from dynspec.analysis.report.prose import DYNAMIC_TARGET, banner, banner_html, catch_up_note, findings, \
     goodput_section, headline, headline_sentence, identity_section, lockstep_ttft_note, prompt_source, \
     rate_section, reference_caption, run_details, run_summary, slo_text, status_box, switch_price
-from dynspec.analysis.report.run import DEFAULT_REFERENCE, MEASURED_DIR, REFERENCE_COLUMNS, SEED_LABEL, ReportError, \
+from dynspec.analysis.report.run import DEFAULT_REFERENCE, EXPERIMENTS_DIR, REFERENCE_COLUMNS, SEED_LABEL, ReportError, \
     Run, latest_run, list_runs, load_reference, load_run, measured_runs, numeric_metrics, open_run, \
     reference_for, run_percentiles, run_slo
 from dynspec.analysis.report.tables import LEVEL_METRICS, LoadCrossover, arm_order, coinciding_arms, crossover, \
@@ -36,7 +36,7 @@ from dynspec.analysis.report.tables import LEVEL_METRICS, LoadCrossover, arm_ord
 
 __all__ = [
     # run
-    "DEFAULT_REFERENCE", "MEASURED_DIR", "REFERENCE_COLUMNS", "SEED_LABEL", "ReportError", "Run", "latest_run",
+    "DEFAULT_REFERENCE", "EXPERIMENTS_DIR", "REFERENCE_COLUMNS", "SEED_LABEL", "ReportError", "Run", "latest_run",
     "list_runs", "load_reference", "load_run", "measured_runs", "numeric_metrics", "open_run", "reference_for",
     "run_percentiles", "run_slo",
     # tables

@@ -4,11 +4,12 @@ sentence, the findings, captions and notes, and the notebook's sections that are
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
-from dynspec.analysis.report.run import MEASURED_DIR, Run, measured_runs, run_slo
+from dynspec.analysis.report.run import EXPERIMENTS_DIR, Run, measured_runs, run_slo
 from dynspec.analysis.report.tables import coinciding_arms, envelope_summary, environment_tables, failed_levels, \
     goodput_table, level_table, load_crossover, rate_summary, rate_table, roles, speedup_table, static_arms
 from dynspec.results import wall_clock_problem
@@ -101,7 +102,7 @@ def banner(run: Run) -> str:
     return f"Measured live{hw} (backend {backend or 'unknown'})." + (f" What ran: {what}" if what else "")
 
 
-def status_box(run: Run, measured_dir: Path = MEASURED_DIR) -> list[tuple[str, str]]:
+def status_box(run: Run, experiments_dir: Path = EXPERIMENTS_DIR) -> list[tuple[str, str]]:
     """What is measured, fitted, simulated and never run, as (label, sentence) rows, from the
     run and its profile's provenance: the first thing a report shows."""
     from dynspec.sim.profile import ProfileError, load_profile
@@ -126,11 +127,13 @@ def status_box(run: Run, measured_dir: Path = MEASURED_DIR) -> list[tuple[str, s
         note = catch_up_note(run.profile).strip()
         if note:
             rows.append(("Switch cost", note + " As the profile states it: see its provenance."))
-    measured = measured_runs(measured_dir)
+    measured = measured_runs(experiments_dir)
     if measured:
-        where = "; ".join(f"{rid} ({hw})" for rid, hw in measured)
+        machines = Counter(hw.split(" (")[0].strip() for _, hw in measured)
+        where = "; ".join(f"{n} on {hw}" for hw, n in sorted(machines.items()))
         rows.append(("Real SGLang", "dynspec's patched SGLang 0.5.9 has served real requests on a CPU in CI "
-                                    f"(tests/test_real_sglang.py) and in these measured runs: {where}."))
+                                    f"(tests/test_real_sglang.py) and in {len(measured)} measured runs under "
+                                    f"experiments/: {where}."))
         hw = run.hardware.split(" (")[0].strip()
         if hw and run.backend != "live" and not any(hw in h for _, h in measured):
             rows.append(("Never run", f"the patched server has never run on {run.hardware}; "

@@ -29,7 +29,7 @@ DEFAULT_REFERENCE = REPO_ROOT / "data" / "reference" / "seed.csv"
 _EXTRA_PCT = re.compile(r"p[0-9.]+_(ttft|tpot|itl|e2e)_ms")
 
 
-MEASURED_DIR = REPO_ROOT / "data" / "measured"  # in a checkout of the repo
+EXPERIMENTS_DIR = REPO_ROOT / "experiments"  # in a checkout of the repo: experiments/<study>/data/<run>/
 
 
 class ReportError(ValueError):
@@ -181,11 +181,11 @@ def reference_for(run: Run, reference: pd.DataFrame | None) -> pd.DataFrame | No
     return reference
 
 
-def measured_runs(measured_dir: Path = MEASURED_DIR) -> list[tuple[str, str]]:
-    """(run id, hardware) of every live run committed under data/measured/: where the patched
-    server has really run, read from the runs themselves."""
+def measured_runs(experiments_dir: Path = EXPERIMENTS_DIR) -> list[tuple[str, str]]:
+    """(run id, hardware) of every live run committed under experiments/<study>/data/: where the
+    patched server has really run, read from the runs themselves."""
     out = []
-    for meta in sorted(measured_dir.glob("*/run.json")) if measured_dir.is_dir() else []:
+    for meta in sorted(experiments_dir.glob("*/data/*/run.json")) if experiments_dir.is_dir() else []:
         m = _read_json(meta)
         if m.get("backend") == "live":
             out.append((str(m.get("run_id") or meta.parent.name), str(m.get("hardware") or "?")))
