@@ -1,6 +1,6 @@
 """Emulator benchmarks: streaming capacity, and agreement with the simulator.
 
-Targets (issue 4):
+Targets:
   capacity   at C=128, with a time-scale so high that the server is the limit, the
              emulator streams at least 20k tokens/s on one core;
   agreement  at time-scale 1 its measured output throughput agrees with `dynspec sim`

@@ -1,6 +1,6 @@
 """dynspec's load generator against the real sglang.bench_serving, same emulated server, same machine.
 
-Target (issue 5): at C=256 against `dynspec emulate`, one core of dynspec's generator
+Target: at C=256 against `dynspec emulate`, one core of dynspec's generator
 handles at least 1.5x the streamed tokens/s of sglang.bench_serving (SGLang 0.5.9, run
 offline: --dataset-name random-ids --tokenize-prompt, a small local tokenizer).
 
@@ -51,7 +51,7 @@ def _cpu_seconds(pid: int) -> float:
 def run_dynspec(url: str, args) -> dict:
     try:
         from dynspec.live.bench import random_prompts, run_level
-    except ImportError:  # a --baseline-src from before the subpackages (issue 18): dynspec/bench.py
+    except ImportError:  # a --baseline-src from before the subpackages (2026-11-30): dynspec/bench.py
         from dynspec.bench import random_prompts, run_level
 
     prompts = random_prompts(args.num_prompts, args.input_len, args.output_len, seed=args.seed)

@@ -1,6 +1,6 @@
 """Simulator speed: 3 arms x 10 concurrency levels up to 128, 256 output tokens.
 
-Target (issue 4): under 10 s on one core.  The simulator is single-threaded, so its
+Target: under 10 s on one core.  The simulator is single-threaded, so its
 process CPU time is the time on one core; wall time is printed beside it.
 
     .venv/bin/python benchmarks/bench_sim.py [--profile seed-blackwell] [--repeat 3]

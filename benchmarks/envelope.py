@@ -1,6 +1,6 @@
 """The dynamic arm against the better static arm, on every shipped profile.
 
-Target (issue 4, extended to 256 by issue 8): dynamic reaches at least 97% of
+Target: dynamic reaches at least 97% of
 max(baseline, eagle3) output throughput at every concurrency from 1 to 256, on every
 shipped profile.  Printed beside it, the same ratio for a static threshold and SGLang's
 default tiers.
@@ -8,7 +8,7 @@ default tiers.
     .venv/bin/python benchmarks/envelope.py [--profile NAME ...] [--threshold 32] [--seeds 3]
         [--input-len 1024] [--output-len 256] [--free-catch-up] [--out FILE.csv]
 
-On generated machines instead (issue 14; dynspec.analysis.family): N members of family S, each with its
+On generated machines instead (dynspec.analysis.family): N members of family S, each with its
 own workload, at the family's levels (bucket edges, the batch below each, and the member's
 crossover), beside what users would otherwise deploy; or one member, to reproduce it:
 
@@ -18,8 +18,8 @@ crossover), beside what users would otherwise deploy; or one member, to reproduc
 Each arm's throughput is also measured over the level's steady state (the requests sent after the
 first wave and finished by the last send, as C x tokens / latency: the closed loop's start and
 drain left out; `steady_*` columns, dynspec.analysis.family.level_throughputs), and that
-distribution printed too.  Two verdicts end a family run: the issue's (dynamic against max(baseline,
-eagle3) over the whole run) and the one proposed for #14 in docs/POLICIES.md (against the switching
+distribution printed too.  Two verdicts end a family run: the original target's (dynamic against max(baseline,
+eagle3) over the whole run) and the gate in docs/POLICIES.md (against the switching
 server's max(never, eagle3) over the steady state; with --confirm K, a miss judged on the mean of
 simulator seeds 0..K-1).
 
@@ -193,7 +193,7 @@ def family_main(args) -> int:
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} of max(baseline, "
           f"eagle3) over the whole run ({time.perf_counter() - w0:.0f} s wall"
           + (f", {cpu:.0f} s CPU)" if cpu == cpu else f", {args.jobs} jobs)"))
-    # The gate proposed for #14 (docs/POLICIES.md): the policy's own error, without the first wave
+    # The gate (docs/POLICIES.md): the policy's own error, without the first wave
     # and the drain, a miss judged again on the mean of seeds when --confirm ran.
     own = dyn.set_index(["member", "concurrency"]).steady_of_switching
     if on_means is not None:

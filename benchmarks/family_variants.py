@@ -1,4 +1,4 @@
-"""goodput variants on a generated family's hardest member-levels, and the closed loop's drain (#14).
+"""goodput variants on a generated family's hardest member-levels, and the closed loop's drain.
 
 Reads the CSV (or .parquet) that `benchmarks/envelope.py --family N --out F.csv` wrote (with
 `--range-ratio R` or `--level-scale K`, give the same here: the same seeded requests), takes the dynamic arm's
@@ -53,7 +53,7 @@ def variants(csv: str, specs: list[str], worst: int, sample: int, family_seed: i
     d = pd.read_parquet(csv) if csv.endswith(".parquet") else pd.read_csv(csv)
     if steady and "steady_throughput" not in d:
         raise SystemExit(f"family_variants.py: {csv} has no steady_throughput column (an envelope.py run "
-                         "from before the nineteenth session); run it again for --steady")
+                         "from before 2026-12-02); run it again for --steady")
     value = "steady_throughput" if steady else "output_throughput"
     piv = d.pivot_table(index=["member", "concurrency"], columns="arm", values=value)
     own = piv[["never", "eagle3"]].max(axis=1)

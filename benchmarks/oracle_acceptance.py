@@ -1,4 +1,4 @@
-"""What if goodput knew each running request's acceptance exactly?  A what-if on a family CSV (#14).
+"""What if goodput knew each running request's acceptance exactly?  A what-if on a family CSV.
 
 goodput estimates a batch's accepted drafts from what its requests showed so far (each one's own
 mean up to 8 requests, the population's above).  This replaces that estimate with the truth the

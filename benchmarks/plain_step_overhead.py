@@ -1,13 +1,13 @@
-"""A switching server's plain step over a plain server's, per batch size (issue 13).
+"""A switching server's plain step over a plain server's, per batch size.
 
 A server that can switch back to speculating pays, on each plain step, the plain server's step
-plus the draft catch-up that keeps its EAGLE-3 draft current.  Before issue 13 that was a full
+plus the draft catch-up that keeps its EAGLE-3 draft current.  Before 2026-11-30 that was a full
 draft-extend over num_draft_tokens tokens per request (graphed, or eager as on 0.5.9's
 flashinfer); with it, the KV-only catch-up of the step's one token, written a window of steps
 at a time (catchup_ms, per step; "w=1" is every step on its own), and a resume (a 1-token draft
 forward) once per switch to speculating.  Printed per batch size: (plain + catch-up) / plain,
 old and new, and the resume as a share of a plain step.  A batch
-where the new ratio exceeds --limit (default 1.015, the issue's goal) is flagged with "!" and
+where the new ratio exceeds --limit (default 1.015, the goal) is flagged with "!" and
 the exit status is 1.
 
     # from a calibrated profile (device time, measured by `dynspec calibrate`)

@@ -1,4 +1,4 @@
-"""Refit the fitted profiles' draft catch-up from a calibrated profile (issue 13).
+"""Refit the fitted profiles' draft catch-up from a calibrated profile.
 
 Until `dynspec calibrate` has measured the KV-only catch-up and the resume on a GPU, the fit
 specs in configs/fits/ carry fixed shares (catch_up_fraction, resume_fraction) from the
@@ -23,7 +23,7 @@ from dynspec.cli import main as dynspec
 from dynspec.sim.profile import ProfileError, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = "to be replaced by the lead's calibrate run"  # the interim assumption's label
+MARKER = "to be replaced by a calibrate run"  # the interim assumption's label
 
 
 def use_measured(text: str, source: str) -> str:

@@ -1,6 +1,6 @@
 """How long `make report` takes after its install step: the pipeline on the embedded default.
 
-Target (issue 6): within 2 minutes on the project's 2-core machine.  Runs exactly what
+Target: within 2 minutes on the project's 2-core machine.  Runs exactly what
 `make report` runs (`python -m dynspec pipeline --config configs/seed-blackwell.yaml
 --backend sim ...`) into a temporary folder, so the repository's reports/ and
 data/runs/ are left alone, and prints each stage's time as the pipeline reports it.

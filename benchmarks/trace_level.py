@@ -1,6 +1,6 @@
-"""One member-level of a generated family, stretch by stretch: what goodput did and what it believed (#14).
+"""One member-level of a generated family, stretch by stretch: what goodput did and what it believed.
 
-The family's worst member-levels were traced in scratch scripts session after session; this is
+The family's worst member-levels were traced in scratch scripts, one at a time; this is
 that trace.  It simulates member I of family S at concurrency C (the requests `envelope.py
 --family` serves there, with the same --range-ratio and --level-scale) for the plain server,
 `never`, EAGLE-3 and a goodput spec, prints their output tok/s and the spec's share of the

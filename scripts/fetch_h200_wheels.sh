@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python packages SGLang 0.5.9 needs on the lent H200 beyond its own torch/triton image, as
+# The Python packages SGLang 0.5.9 needs on the H200 device machine beyond its own torch/triton image, as
 # wheels in .whl/ (ignored by git; carried with each device call).  Python 3.12, x86_64.
 set -eu
 cd "$(dirname "$0")/.."

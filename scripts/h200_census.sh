@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent H200 (no network): where a patched plain step's time goes (issue #13).
+# One call on the H200 device machine (no network): where a patched plain step's time goes.
 #   1. benchmarks/sync_census.py --gpu --dummy llama-3.1-8b: the calls that wait for the GPU per
 #      decode step, plain server against the patched server with DYNSPEC_POLICY=never;
 #   2. a torch profiler trace of 30 decode steps per arm (SGLang's /start_profile), for

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent H200: upstream EAGLE-3 servers on the crafted 8B models, one per variant of
+# One call on the H200 device machine: upstream EAGLE-3 servers on the crafted 8B models, one per variant of
 # the draft path (spec v1/v2, CUDA graphs on/off, the draft's attention on torch_native), accept
 # length per request at concurrency 1, 4, 8 (experiments/h200-llama8b-crafted/draft_ab.py).
 # MODELS as in h200_live.sh; VARIANTS=a,b picks some.  Results: $OUT/draft_ab.json, draft_ab.txt.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the lent H200 (no network): host milliseconds per decode step in SGLang's scheduler
+# One call on the H200 device machine (no network): host milliseconds per decode step in SGLang's scheduler
 # and worker functions, and each forward's GPU time, each as a total and by duration (a few long
 # calls or many slightly longer ones), plain server against the patched server with
-# DYNSPEC_POLICY=never, under one closed-loop load (issue #13; dynspec.realsglang.hosttime).
+# DYNSPEC_POLICY=never, under one closed-loop load (dynspec.realsglang.hosttime).
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 #   C=64 REQUESTS=640 bash scripts/h200_host_times.sh      -> $OUT/host-times-c64.txt, .json
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent H200 (no network): the real SGLang 0.5.9, upstream and patched by dynspec.
+# One call on the H200 device machine (no network): the real SGLang 0.5.9, upstream and patched by dynspec.
 #   1. tiny crafted models, six arms side by side, CUDA graphs on: greedy identity and counters;
 #   2. Llama-3.1-8B shapes (dummy weights, bf16): `dynspec sweep --backend live` over
 #      experiments/h200-llama8b-price/live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent H200: does a real SGLang 0.5.9 keep a closed loop in lockstep?  The patched
+# One call on the H200 device machine: does a real SGLang 0.5.9 keep a closed loop in lockstep?  The patched
 # EAGLE-3 server with DYNSPEC_POLICY=goodput at C = 16 and 64, fixed lengths (256 in, 128 out),
 # then output lengths in 64..128 (configs/h200-llama8b-lockstep{,-range}.yaml).  What goodput read
 # from the prefill forwards is in each run's scrapes/ (/get_server_info after every level):

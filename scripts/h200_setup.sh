@@ -1,4 +1,4 @@
-# Sourced by the scripts/h200_*.sh device scripts: the lent H200 has no network and no SGLang,
+# Sourced by the scripts/h200_*.sh device scripts: the H200 device machine has no network and no SGLang,
 # so the carried wheels in .whl/ (scripts/fetch_h200_wheels.sh) are installed into /tmp/site,
 # SGLang itself is unpacked from its wheel by dynspec.realsglang, and the GPU is recorded.
 OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 gpu_idle() { for _ in $(seq 60); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 2; done; }
 # The GPU's clocks, temperature, power and throttle reasons once a second, for the whole call: two
 # servers measured one after the other are comparable only if the GPU ran alike for both (read
-# only; the lent machine's settings are left as they are).
+# only; the machine's settings are left as they are).
 gpu_clock_log() {
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,clocks_throttle_reasons.active \
         --format=csv -l 1 > "$OUT/gpu-clocks.csv" 2>/dev/null &

@@ -40,7 +40,7 @@ METRIC_COLUMNS = [
 ]
 RESULT_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
 TEXT_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "error"]
-# The schema before issue 17 (median and p99 only, no rates, no goodput): still read, its
+# The schema before 2026-11-30 (median and p99 only, no rates, no goodput): still read, its
 # missing columns NaN (request_rate inf: every level then was closed-loop).
 LEGACY_COLUMNS = [
     "run_id", "arm", "policy", "backend", "profile", "concurrency", "repeat",

@@ -471,7 +471,7 @@ def build_profile(cfg: CalibrateConfig, raw: dict) -> dict:
          "spec-v2 worker replays in its CUDA graph; the v1 worker runs accept_length + 1) + top-1 at the last "
          "accepted position"),
         (f"catchup: what a plain step of a server that can switch back to speculating adds (the {t}-token extend "
-         "before issue 13): the KV-only draft catch-up of the step's 1 token per request: embedding, fc over the 3 "
+         "before the KV-only catch-up): the KV-only draft catch-up of the step's 1 token per request: embedding, fc over the 3 "
          "aux hidden states, norms, the K/V rows of the draft layer's qkv projection, RoPE, KV cache write; no "
          f"attention, MLP or LM head; rows copied aside each step and written {cfg.catch_up_window} steps at a "
          "time, as the 0.5.9 patch does (DYNSPEC_CATCHUP_WINDOW), so the time is per step of the window"
@@ -549,7 +549,7 @@ def profile_yaml(profile: dict) -> str:
     from dynspec.sim.profile import dump_profile
 
     head = [f"{profile['name']}: written by `{profile['provenance']['command']}`; measured, do not edit by hand.",
-            "Median milliseconds per step piece (spec = draft + verify + extend; catchup, resume: issue 13's draft "
+            "Median milliseconds per step piece (spec = draft + verify + extend; catchup, resume: the KV-only draft "
             "catch-up per plain step and per switch; q=N: target forward of N tokens):"]
     head += ["  " + line for line in format_table(profile).splitlines()]
     return dump_profile(profile, head)

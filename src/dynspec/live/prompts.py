@@ -185,7 +185,7 @@ def file_prompts(source: str, path: str | Path, n: int, output_len: int, *, seed
     elif output_lens == "range":
         outs = draw_lengths(random.Random(f"lengths-{seed}"), n, output_len, range_ratio)
     else:
-        # a jsonl line's own output_len is kept (as before issue 17); otherwise the config's
+        # a jsonl line's own output_len is kept (as before 2026-11-30); otherwise the config's
         outs = [o if source == "jsonl" and o is not None else output_len for _, o in chosen]
     return [Prompt(o, p.input_ids, p.text) for (p, _), o in zip(chosen, outs)]
 

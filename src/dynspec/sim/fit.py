@@ -72,7 +72,7 @@ class FitSpec(Model):
     # fraction of the plain step at each knot: written as extend_ms (Profile.catch_up_time).  The
     # fitted arms (plain server, always speculating) never pay it, so the fit does not depend on it.
     catch_up_fraction: float = Field(0.0, ge=0, lt=1)
-    # Given: the catch-up is the patch's KV-only one (issue 13): catch_up_fraction is written as
+    # Given: the catch-up is the patch's KV-only one: catch_up_fraction is written as
     # catchup_ms, and this share of the plain step as resume_ms, paid once per switch to speculating.
     resume_fraction: float | None = Field(None, ge=0, lt=1)
     # Or both shares per knot from a calibrated profile (name or path) with catchup_ms and resume_ms:

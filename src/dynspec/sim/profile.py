@@ -60,7 +60,7 @@ class Steps(StrictModel):
     draft_ms: list[float] | None = None
     verify_ms: list[float] | None = None
     extend_ms: list[float] | None = None
-    # Optional, the draft catch-up of issue 13's patch (both or neither): what a plain step of a server
+    # Optional, the patch's KV-only draft catch-up (both or neither): what a plain step of a server
     # that can switch back to speculating adds (the KV-only draft catch-up of its 1 token per request),
     # and what each plain-to-speculative switch adds (one full 1-token draft forward).  Without them, a
     # switching server's plain step adds extend_ms (the full draft-extend) and a switch adds nothing.
@@ -208,7 +208,7 @@ class Profile(StrictModel):
     def catch_up_time(self, bs: float, context: float | None = None) -> float:
         """Seconds a plain step costs on top of plain_time inside a server that can switch back to
         speculating, keeping the draft's KV cache current: catchup_ms (the KV-only catch-up) when
-        the profile gives it, else extend_ms (the full draft-extend the patch ran before issue 13);
+        the profile gives it, else extend_ms (the full draft-extend the patch ran before the KV-only catch-up);
         0 when it gives neither."""
         if self.steps[0].catchup_ms is not None:
             return self._time_ms("catchup_ms", bs, context) / 1000.0
