@@ -834,7 +834,7 @@ def test_init_builds_a_live_controller_from_the_environment(sg, env, monkeypatch
 @pytest.mark.parametrize("setup, expect", [
     (lambda mp, args: mp.setenv("DYNSPEC_POLICY", "threshold:"), "invalid"),
     (lambda mp, args: mp.setenv("DYNSPEC_PROFILE", "/nonexistent/profile.yaml"), "cannot start"),
-    (lambda mp, args: mp.setitem(sys.modules, "dynspec.sglang_hook", None), "cannot be imported"),
+    (lambda mp, args: mp.setitem(sys.modules, "dynspec.sglang.hook", None), "cannot be imported"),
     (lambda mp, args: setattr(args, "enable_dp_attention", True), "not supported"),
 ])
 def test_misconfiguration_warns_once_and_speculates(sg, env, monkeypatch, caplog, setup, expect):

@@ -189,10 +189,10 @@ def test_policy_imports_only_the_standard_library():
 
 
 def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():
-    """A patched SGLang imports dynspec.sglang_hook and dynspec.sglang_adaptive (the old paths,
-    shims of dynspec.sglang.hook and .adaptive): when imported they load the standard library and
-    dynspec.policy only, so neither numpy nor pandas nor pyarrow unless a profile is used."""
-    runtime = ["dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang_hook", "dynspec.sglang_adaptive"]
+    """A patched SGLang imports dynspec.sglang.hook and dynspec.sglang.adaptive: when imported they
+    load the standard library and dynspec.policy only, so neither numpy nor pandas nor pyarrow
+    unless a profile is used."""
+    runtime = ["dynspec.sglang", "dynspec.sglang.hook", "dynspec.sglang.adaptive"]
     allowed = ("dynspec.policy", "dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang")
     for m in runtime:
         names = module_level_imports(path_of(m))
@@ -201,9 +201,20 @@ def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():
         assert all(n in allowed or n.startswith("dynspec.policy.") for n in dyn), (m, dyn)
     # What a function imports lazily: Prometheus only with --enable-metrics, a profile only when named.
     assert third_party(all_imports(path_of("dynspec.sglang.hook"))) == {"prometheus_client"}
-    loaded = loaded_after_import("dynspec.sglang_hook")
+    loaded = loaded_after_import("dynspec.sglang.hook")
     assert "dynspec" in loaded and not {"numpy", "pandas", "pyarrow"} & loaded
-    assert not HEAVY & loaded_after_import("dynspec.sglang_hook", "dynspec.sglang_adaptive")
+    assert not HEAVY & loaded_after_import("dynspec.sglang.hook", "dynspec.sglang.adaptive")
+
+
+def test_the_patches_import_dynspec_by_its_current_paths():
+    """Every `from dynspec... import` line a patch adds names a module that exists."""
+    import importlib.util
+
+    patches = sorted((Path(__file__).resolve().parents[1] / "src/dynspec/sglang/patches").glob("*/*.patch"))
+    added = [line[1:] for p in patches for line in p.read_text().splitlines() if line.startswith("+")]
+    modules = {ln.split()[1] for ln in added if ln.strip().startswith("from dynspec")}
+    assert modules, "the patches import dynspec somewhere"
+    assert all(importlib.util.find_spec(m) is not None for m in modules), modules
 
 
 def test_the_simulator_never_reaches_live_or_analysis():

@@ -222,7 +222,7 @@ def build_adaptive_policy(
     Like dynspec.sglang.hook.load_controller it never raises: a bad request logs one
     warning on rank 0 and returns None, and the server runs SGLang's adaptive tiers.
     With `min_sync` (an all-reduce MIN over the TP ranks) and tp_size > 1, every rank
-    that was asked joins one MIN (sglang_hook.agree_start), so either every rank runs
+    that was asked joins one MIN (hook.agree_start), so either every rank runs
     dynspec or none.
     """
     from dynspec.sglang.hook import agree_start, load_controller

@@ -37,7 +37,7 @@ What the 0.5.9 patch calls, on every TP rank, in `EAGLEWorkerV2.__init__`:
 
     min_sync = _dynspec_tp_min(worker) if tp_size > 1 else None  # all_reduce(op=MIN), cpu group
     try:
-        from dynspec.sglang_hook import load_controller, plain_cuda_graph_enabled  # the old path: a shim
+        from dynspec.sglang.hook import load_controller, plain_cuda_graph_enabled
     except Exception:
         if min_sync is not None:
             min_sync([0.0])  # join the start agreement: dynspec off on every rank
