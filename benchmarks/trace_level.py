@@ -22,6 +22,7 @@ import sys
 
 from dynspec.analysis.family import level_requests, member
 from dynspec.policy import BUCKET_EDGES, PolicySpecError, bucket_of, build_policy
+from dynspec.sim.profile import load_profile
 from dynspec.sim.run import simulate_level
 
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 < args.range_ratio <= 1.0:
         ap.error(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
     try:
-        build_policy(args.spec)
+        build_policy(args.spec, load_profile=load_profile)
     except PolicySpecError as exc:
         ap.error(str(exc))
     t = trace(args.member, args.concurrency, args.spec, args.range_ratio, args.level_scale, args.seed, args.segments)

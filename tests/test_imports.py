@@ -2,7 +2,7 @@
 imports it back (issue 18).  Read from the source, so a cycle is found before anything runs it.
 
 And each subpackage keeps its own dependency rule (issue 18, item 1): dynspec.policy is standard
-library only, the SGLang hook adds only dynspec.policy, the simulator never reaches the live or
+library only (nothing of dynspec outside it), the SGLang hook adds only dynspec.policy, the simulator never reaches the live or
 analysis code, the live code never reaches the analysis, and only dynspec.calibrate imports torch
 when it is imported."""
 
@@ -175,17 +175,69 @@ def loaded_after_import(*modules: str) -> set[str]:
 HEAVY = {"numpy", "pandas", "pyarrow", "pydantic", "yaml", "torch"}
 
 
+def dynspec_imports(source: str, module: str) -> set[str]:
+    """The dynspec modules a source imports at any depth of its code, relative imports resolved
+    against `module` (the module's dotted name)."""
+    out: set[str] = set()
+    package = module.split(".")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            out |= {name} | {f"{name}.{a.name}" for a in node.names} if name else set()
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {n for n in out if n.split(".")[0] == "dynspec"}
+
+
 def test_policy_imports_only_the_standard_library():
-    """dynspec.policy runs inside SGLang: the standard library only.  Its one dynspec import,
-    dynspec.sim.profile, is lazy and made only when a policy is given a profile by name."""
+    """dynspec.policy runs inside SGLang: the standard library only, and nothing of dynspec outside
+    it, not even lazily (a profile named in a spec is loaded by the caller's load_profile)."""
     for m in modules_of("dynspec.policy"):
         path = path_of(m)
         assert third_party(all_imports(path)) == set(), m
-        dyn = {n for n in module_level_imports(path) if n.split(".")[0] == "dynspec"}
-        assert all(in_package(n, "dynspec.policy") for n in dyn), (m, dyn)
-        lazy = {n for n in all_imports(path) if n.split(".")[0] == "dynspec"} - dyn
-        assert lazy <= {"dynspec.sim.profile"}, (m, lazy)
-    assert not HEAVY & loaded_after_import("dynspec.policy", "dynspec.policy.cli")
+        name = m + ".__init__" if path.name == "__init__.py" else m  # a package resolves relative imports in itself
+        outside = {n for n in dynspec_imports(path.read_text(), name) if not in_package(n, "dynspec.policy")}
+        assert outside == set(), (m, outside)
+    assert not HEAVY & loaded_after_import("dynspec.policy", "dynspec.policy_cli")
+
+
+def test_the_policy_check_sees_any_dynspec_import():
+    lazy = "def f():\n    from dynspec.sim.profile import load_profile\n"
+    assert dynspec_imports(lazy, "dynspec.policy.spec") == {"dynspec.sim.profile", "dynspec.sim.profile.load_profile"}
+    assert dynspec_imports("import dynspec.roles\n", "dynspec.policy") == {"dynspec.roles"}
+    assert dynspec_imports("from ..sim import run\n", "dynspec.policy.spec") == {"dynspec.sim", "dynspec.sim.run"}
+    assert dynspec_imports("from . import base\nimport math\n", "dynspec.policy.spec") == \
+        {"dynspec.policy", "dynspec.policy.base"}
+
+
+# Imports every module of dynspec.policy with a guard on the import system that records every
+# dynspec module loaded, then prints those outside dynspec.policy.
+GUARD = """
+import importlib, sys
+loaded = []
+class Guard:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'dynspec':
+            loaded.append(name)
+        return None
+sys.meta_path.insert(0, Guard())
+for m in sys.argv[1:]:
+    importlib.import_module(m)
+print(' '.join(n for n in loaded if n != 'dynspec' and n != 'dynspec.policy' and not n.startswith('dynspec.policy.')))
+"""
+
+
+def test_importing_the_policy_package_loads_nothing_else_of_dynspec():
+    modules = modules_of("dynspec.policy")
+    assert "dynspec.policy.goodput.decision" in modules  # the scan sees the sub-package
+    out = subprocess.run([sys.executable, "-c", GUARD, *modules], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == []
+    # the guard sees what an import loads
+    out = subprocess.run([sys.executable, "-c", GUARD, "dynspec.policy", "dynspec.roles"], capture_output=True,
+                         text=True, check=True, env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"})
+    assert "dynspec.roles" in out.stdout.split()
 
 
 def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():

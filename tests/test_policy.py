@@ -23,6 +23,7 @@ from dynspec.policy import (
     bucket_of,
     build_policy,
 )
+from dynspec.sim.profile import load_profile
 from tp_ranks import FakeAllReduce, run_ranks
 
 
@@ -388,7 +389,7 @@ GOOD_SPECS = ["always", "never", "threshold:32", "threshold:on=24,off=32,dwell=5
 def test_good_specs_build(spec, tmp_path):
     path = tmp_path / "p.yaml"
     write_profile(path)
-    p = build_policy(spec.format(profile=path))
+    p = build_policy(spec.format(profile=path), load_profile=load_profile)
     assert isinstance(p.decide(4), bool)
 
 
@@ -434,7 +435,7 @@ BAD_SPECS = [
 @pytest.mark.parametrize("spec,message", BAD_SPECS)
 def test_bad_specs_get_their_error(spec, message):
     with pytest.raises(PolicySpecError) as info:
-        build_policy(spec)
+        build_policy(spec, load_profile=load_profile)
     text = str(info.value)
     assert message in text
     assert "\n" not in text
@@ -718,7 +719,7 @@ def test_goodput_forgets_requests_that_left():
 def test_policy_bench_runs_a_fixed_batch_through_set_batch():
     """`dynspec policy bench --batch B` times what a server calls at one batch size, set_batch
     included for a policy that tracks requests: its stream keeps B requests whose ids turn over."""
-    from dynspec.policy.cli import bench_policy, bench_stream
+    from dynspec.policy.bench import bench_policy, bench_stream
 
     stream = bench_stream(500, batch=4)
     assert {bs for bs, *_ in stream} == {4} and all(len(rids) == 4 == len(set(rids)) for *_, rids in stream)
@@ -730,14 +731,14 @@ def test_policy_bench_runs_a_fixed_batch_through_set_batch():
             seen.append(requests)
             super().set_batch(requests)
 
-    import dynspec.policy.cli as cli
+    import dynspec.policy.bench as bench
 
-    real = cli.build_policy
-    cli.build_policy = lambda spec: Spy()
+    real = bench.build_policy
+    bench.build_policy = lambda spec, **kw: Spy()
     try:
         assert len(bench_policy("goodput", steps=50, batch=4)) == 45  # the first tenth is warm-up
     finally:
-        cli.build_policy = real
+        bench.build_policy = real
     assert len(seen) == 50 and all(s is not None and len(s) == 4 for s in seen)
 
 
@@ -909,3 +910,26 @@ def test_goodput_is_not_turned_by_one_stalled_step():
 
     assert share(12.0) > 0.9  # the control: no stall
     assert share(86.0) > 0.9
+
+
+def test_the_goodput_options_in_the_docs_are_the_parameters_defaults():
+    """GoodputParams is the one definition of goodput's knobs: the parser's options and
+    docs/POLICIES.md's spec line follow it."""
+    from pathlib import Path
+
+    from dynspec.policy import GoodputParams
+    from dynspec.policy.goodput.params import spec_options
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "POLICIES.md").read_text()
+    line = next(x for x in docs.splitlines() if x.startswith("| `goodput[:"))
+    body = line.split("`")[1].removeprefix("goodput[:").removesuffix("]")
+    documented = dict(kv.split("=") for kv in body.split(","))
+    assert documented.pop("profile") == "P"
+    defaults = GoodputParams()
+    expected = {}
+    for option, (name, _) in spec_options().items():
+        v = getattr(defaults, name)
+        expected[option] = str(int(v)) if isinstance(v, bool) else str(v)
+    assert documented == expected
+    p = build_policy("goodput")
+    assert p.params == defaults and (p.probe, p.lead, p.window) == (defaults.probe, defaults.lead, defaults.window)

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS = [
-    "dynspec.policy.cli",
+    "dynspec.policy_cli",
     "dynspec.analysis.tune",
     "dynspec.sim.run",
     "dynspec.analysis.fit_cli",

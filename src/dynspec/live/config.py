@@ -230,9 +230,10 @@ class Arm(StrictModel):
             return v
         if v.startswith("policy:"):
             from dynspec.policy import PolicySpecError, check_spec
+            from dynspec.sim.profile import load_profile
 
             try:
-                return "policy:" + check_spec(v.removeprefix("policy:"))
+                return "policy:" + check_spec(v.removeprefix("policy:"), load_profile=load_profile)
             except PolicySpecError as exc:
                 raise ValueError(str(exc)) from None
         raise ValueError(f"{v!r} is not one of {', '.join(SIM_ARMS)} or policy:SPEC")
@@ -268,13 +269,14 @@ class Arm(StrictModel):
         if env is None:
             return self
         from dynspec.policy import PolicySpecError, check_spec
+        from dynspec.sim.profile import load_profile
 
         try:
-            told = check_spec(env)
+            told = check_spec(env, load_profile=load_profile)
         except PolicySpecError as exc:
             raise ValueError(f"arm {self.name!r}: env DYNSPEC_POLICY: {exc}") from None
         stated = _stated_policy(self.sim_arm)
-        if stated is None or check_spec(stated) != told:
+        if stated is None or check_spec(stated, load_profile=load_profile) != told:
             raise ValueError(f"arm {self.name!r}: sim_arm {self.sim_arm!r} runs {stated or 'no speculation'} "
                              f"but env DYNSPEC_POLICY is {env!r}; state the policy once, in sim_arm")
         return self

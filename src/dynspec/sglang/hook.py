@@ -68,7 +68,7 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from dynspec.policy import (FailSafePolicy, Policy, PolicySpecError, StepRecord, SyncHook, build_policy,
+from dynspec.policy import (FailSafePolicy, Policy, PolicySpecError, StepCost, StepRecord, SyncHook, build_policy,
                             state_checksum)
 
 ENV_POLICY = "DYNSPEC_POLICY"
@@ -554,6 +554,13 @@ def load_controller(
     return ctl
 
 
+def _load_profile(name: str) -> StepCost:
+    """A profile a spec names (goodput:profile=NAME): pydantic and yaml load only then."""
+    from dynspec.sim.profile import load_profile
+
+    return load_profile(name)
+
+
 def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger) -> Controller | None:
     try:
         profile = None
@@ -572,7 +579,7 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
                 hook = None
         # The overlap scheduler launches a step before it reads the last one's result.
         policy = build_policy(spec, profile=profile, sync=hook if tp_size > 1 else None,
-                              initial_steps=initial_steps, window=OVERLAP_WINDOW)
+                              initial_steps=initial_steps, window=OVERLAP_WINDOW, load_profile=_load_profile)
         return Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
                           logger=logger, profile_name=profile_name)
     except PolicySpecError as exc:

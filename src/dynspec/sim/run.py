@@ -24,6 +24,7 @@ from dynspec.sim.engine import Engine
 from dynspec.roles import ARM_POLICIES, SIM_ARMS
 from dynspec.models import Model, Workload, field_default, input_error
 from dynspec.policy import PolicySpecError, build_policy
+from dynspec.sim.profile import load_profile
 from dynspec.results import DEFAULT_PERCENTILES, RequestRecord, make_row, summarize
 
 # The workload's defaults, written once in Workload (models.py).
@@ -39,7 +40,7 @@ def arm_policy_spec(arm: str) -> str | None:
     if arm.startswith("policy:"):
         spec = arm[len("policy:"):].strip()
         try:
-            build_policy(spec)
+            build_policy(spec, load_profile=load_profile)
         except PolicySpecError as exc:
             raise ValueError(f"arm {arm!r}: {exc}") from None
         return spec
@@ -82,7 +83,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     n = (default_num_prompts(concurrency) if num_prompts is None else num_prompts) if lengths is None else len(lengths)
     _check_level(concurrency if closed else max(concurrency, 1), n, input_len, output_len)
     sizes = lengths or [(input_len, output_len)] * n
-    engine = Engine(profile, build_policy(spec) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
+    engine = Engine(profile, build_policy(spec, load_profile=load_profile) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
     cap = concurrency if closed or concurrency >= 1 else n
     arrive = [0.0] * n if closed else arrival_times(n, request_rate, burstiness, seed)
     records: list[RequestRecord] = []

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 from dynspec.sim.engine import Engine, Request
 from dynspec.models import Model
 from dynspec.policy import FailSafePolicy, build_policy
+from dynspec.sim.profile import load_profile
 from dynspec.sim.run import arm_policy_spec
 
 log = logging.getLogger("dynspec.sim.emulator")
@@ -80,7 +81,7 @@ class Emulator:
         self.profile = profile
         self.cfg = cfg
         self.policy_spec = arm_policy_spec(cfg.arm)
-        policy = FailSafePolicy(build_policy(self.policy_spec), log) if self.policy_spec else None
+        policy = FailSafePolicy(build_policy(self.policy_spec, load_profile=load_profile), log) if self.policy_spec else None
         self.engine = Engine(profile, policy, seed=cfg.seed, max_running_requests=cfg.max_running_requests)
         self.model_name = cfg.model_name or f"dynspec/{profile.name}"
         self.port = cfg.port  # the bound port once serving (the config may say 0)

@@ -1,0 +1,81 @@
+"""What every policy is: `decide(batch_size) -> bool` before a decode step, `observe(StepRecord)`
+after it, and what the tensor-parallel ranks agree on."""
+
+from __future__ import annotations
+
+from typing import Hashable, NamedTuple, Sequence
+
+from dynspec.policy.sync import SYNC_EVERY, SyncSchedule
+
+
+class PolicySpecError(ValueError):
+    """A policy spec string that cannot be built; the message names the bad part."""
+
+
+class StepRecord(NamedTuple):
+    """What happened in one decode step (a tuple: cheap to build on the hot path)."""
+
+    batch_size: int
+    speculated: bool
+    accepted: Sequence[int] = ()  # accepted draft tokens per request (bonus token not counted)
+    step_time_s: float | None = None  # local wall time since the previous result; not rank-consistent
+    requests: Sequence[Hashable] | None = None  # the requests' ids, in accepted's order (rank-identical)
+    # No prefill was launched between the previous result and this one (a live server's overlap
+    # pipeline: that interval then holds the prefill's host work too).  The simulator's always are.
+    clean: bool = True
+
+
+class Policy:
+    """Base class: speculate (True) or decode plainly (False) before each step."""
+
+    name = "policy"
+    # Up to this batch size the policy uses the ids of a step's requests: a caller that knows
+    # them calls set_batch before every decide (None above it) and fills StepRecord.requests.
+    requests_up_to = 0
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        """The ids of the requests the next decide()'s step runs (rank-identical, e.g. SGLang's
+        rids), or None when the caller does not pass them (a batch above requests_up_to)."""
+
+    def decide(self, batch_size: int) -> bool:
+        raise NotImplementedError
+
+    def wants_requests(self, batch_size: int) -> bool:
+        """Whether the next speculative step's StepRecord should carry its requests' ids (a
+        caller building them costs O(batch)): always up to requests_up_to, and above it when the
+        policy asks (Goodput, now and then, to learn how requests differ)."""
+        return batch_size <= self.requests_up_to
+
+    def observe(self, rec: StepRecord) -> None:
+        pass
+
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        """A prefill (extend) forward ran between decode steps: `requests` whose prompts it
+        finished and `tokens` prompt tokens (both rank-identical), taking `seconds` (local wall
+        time, not rank-consistent; None when unmeasured)."""
+
+    def reason(self, batch_size: int) -> str:
+        """Why the current mode; called only when the mode switches."""
+        return self.name
+
+    def spec(self) -> str:
+        """The spec string that rebuilds this policy."""
+        return self.name
+
+    # Tensor parallelism: what the ranks agree on (see sglang_hook.Controller) ---------
+    def sync_schedule(self) -> SyncSchedule:
+        return SyncSchedule(SYNC_EVERY)
+
+    def sync_values(self) -> list[float]:
+        """Local values to all-reduce at an agreement (a fixed length per policy)."""
+        return []
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Take the rank-mean of sync_values()."""
+
+    def defer_sync(self) -> None:
+        """The caller runs the agreements (sync_values, sync_apply on sync_schedule())."""
+
+    def state_key(self) -> tuple:
+        """Everything decisions depend on, for the ranks' checksum: equal on every rank."""
+        return ()

@@ -1,0 +1,76 @@
+"""A policy that raises must not stop the server."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Hashable, Sequence
+
+from dynspec.policy.base import Policy, StepRecord
+
+log = logging.getLogger("dynspec.policy")
+
+
+class FailSafePolicy(Policy):
+    """Wraps a policy: if it raises, speculate as configured for the rest of the run."""
+
+    def __init__(self, inner: Policy, logger: logging.Logger | None = None):
+        self.inner = inner
+        self.name = inner.name
+        self.requests_up_to = inner.requests_up_to
+        self.failed = False
+        self._log = logger or log
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """Give up on the inner policy (also called by a caller whose use of it raised)."""
+        self.failed = True
+        self._log.warning(
+            "dynspec policy %s failed in %s (%s: %s); speculating as configured for the rest of the run",
+            self.inner.name, where, type(exc).__name__, exc,
+        )
+
+    def _guarded(self, where: str, call: Callable[[Any], None], arg: Any) -> None:
+        if self.failed:
+            return
+        try:
+            call(arg)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(where, exc)
+
+    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
+        self._guarded("set_batch", self.inner.set_batch, requests)
+
+    def decide(self, batch_size: int) -> bool:
+        if self.failed:
+            return True
+        try:
+            return bool(self.inner.decide(batch_size))
+        except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
+            self.fail("decide", exc)
+            return True
+
+    def wants_requests(self, batch_size: int) -> bool:
+        if self.failed:
+            return False
+        try:
+            return bool(self.inner.wants_requests(batch_size))
+        except Exception as exc:  # noqa: BLE001
+            self.fail("wants_requests", exc)
+            return False
+
+    def observe(self, rec: StepRecord) -> None:
+        self._guarded("observe", self.inner.observe, rec)
+
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+        self._guarded("note_prefill", lambda a: self.inner.note_prefill(*a), (requests, tokens, seconds))
+
+    def reason(self, batch_size: int) -> str:
+        if self.failed:
+            return "fail-safe: policy raised, speculating as configured"
+        try:
+            return self.inner.reason(batch_size)
+        except Exception:  # noqa: BLE001
+            return self.inner.name
+
+    def spec(self) -> str:
+        return self.inner.spec()
+

@@ -1,0 +1,176 @@
+"""Goodput: speculate when it is expected to give more output tokens per second."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dynspec.policy.base import StepRecord
+from dynspec.policy.buckets import _BUCKETS, _LAST_BUCKET, _N_BUCKETS, BUCKET_EDGES
+from dynspec.policy.goodput.decision import Decision
+from dynspec.policy.goodput.params import GoodputConstants, GoodputParams
+from dynspec.policy.step_cost import StepCost
+from dynspec.policy.sync import SyncHook
+
+
+class Goodput(Decision):
+    """Speculate when it is expected to give more output tokens per second.
+
+    "Goodput" here is output tokens per second (SmartSpec's sense), not vLLM's or DistServe's
+    requests meeting latency SLOs.  Per batch-size bucket it keeps an EMA of accepted draft
+    tokens per request and, per mode, an estimate of the step time; expected goodput per
+    request is (1 + accepted) / (1 + lead) / t_spec against 1 / t_plain, the lead in full from
+    `lead_batch` requests and in proportion below, and `lead_apart` instead where finishes come
+    at random (growing to `lead` where they come in lockstep; read from bursts of prompts).
+
+    Acceptance (acceptance.py): up to PER_REQUEST_MAX requests, told their ids (set_batch,
+    StepRecord.requests), a batch's own requests, each shrunk to the arrivals' (empirical
+    Bayes); above that the population's as it settles while speculating.  Step times
+    (times.py) start from a profile when given and are refined by measured times that the ranks
+    agreed on (`sync`): steady steps only (`window`), a switch's aftermath as that switch's cost
+    each way, and the prefills' overhead per request by mode (prefill.py).  Without a profile, a
+    new bucket is decided from a neighbour that clearly knows, or by trying plain then
+    speculative steps there (decision.py).
+
+    Probes keep the estimates honest: now and then it takes the other mode for a few steps,
+    at intervals set so that probes cost about `budget` of the output.  A switch needs a
+    `margin` advantage and is held for `dwell` steps.  The knobs and their defaults:
+    GoodputParams.
+    """
+
+    name = "goodput"
+    requests_up_to = GoodputConstants.PER_REQUEST_MAX
+
+    def __init__(self, profile: StepCost | None = None, *, sync: SyncHook | None = None,
+                 spec_text: str = "goodput", params: GoodputParams | None = None, **knobs: Any):
+        """`knobs`: GoodputParams' fields, over `params` (or the defaults)."""
+        p = GoodputParams(**knobs) if params is None else replace(params, **knobs)
+        self._spec_text = spec_text
+        self._set_knobs(p, profile, sync)
+        self._init_acceptance(profile)
+        self._init_prefill()
+        self._init_times(profile, p.dwell)
+        self._init_decision(p.dwell)
+        self._schedule = self.sync_schedule()
+        for b in range(len(BUCKET_EDGES)):
+            self._refresh(b)
+
+    def observe(self, rec: StepRecord) -> None:
+        bs, speculated, accepted, t, rids, _ = rec
+        b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
+        m = 1 if speculated else 0
+        self.n_seen[m][b] += 1
+        changed = False
+        self._emitted += bs
+        self._last_b = b
+        if self._refilled:  # until a request leaves, the batch holds requests as they arrived
+            self._f += (m - self._f) * self._f_w
+        d = self._decoded = self._decoded + 1
+        span = d if d < self.BURST_STEPS else self.BURST_STEPS
+        if self._refilled:
+            cn = self._clump_n = self._clump_n + 1
+            self._clump_p += ((1.0 if self._burst else 0.0) - self._clump_p) / (cn if cn < self.BURST_STEPS else self.BURST_STEPS)
+        if self._burst:  # the prompts since the last decode step were one burst
+            burst, self._burst = self._burst, 0
+            n = self._burst_n
+            self._burst_n = float(burst) if n is None else n + self.PF_WEIGHT * (burst - n)
+            self._burst_p += (1.0 - self._burst_p) / span
+            self._read_bursts()
+        else:
+            self._burst_p -= self._burst_p / span
+            if d < self.LOCK_EVERY or d % self.LOCK_EVERY == 0:  # every step of a first wave
+                self._read_bursts()
+        if speculated and accepted:
+            k = len(accepted)
+            self._batch_acc = None  # the batch's estimate moves with every sample
+            total = sum(accepted)
+            self._emitted += total
+            a = total / k
+            # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
+            # 0..num_steps from step to step, so at batch 1 a step says little.
+            w = self._acc_weight[k] if k < self._acc_weight_n else self.alpha
+            # A sample stands for the steps since the last one in this bucket: a probe from plain
+            # weighs as much as the spec steps it replaced, so the estimate forgets at the same
+            # pace in either mode (else a low run, sampled densely, switches speculation off and
+            # sparse probes take thousands of steps to undo it).
+            gap = self._in_bucket[b] - self._acc_at[b]
+            self._acc_at[b] = self._in_bucket[b]
+            if gap > 1 and w < self.alpha:
+                w = min(self.alpha, 1.0 - (1.0 - w) ** gap)
+            prev, g = self.acc_est[b], self.acc_global
+            self.n_acc[b] += 1
+            ns = self._acc_steps[b] + 1.0
+            self._acc_steps[b] = ns if ns < self._acc_steps_max else self._acc_steps_max
+            self._n_acc_global += 1
+            # Until the EMA has seen about 1/w samples it is their plain mean (a bias-corrected
+            # EMA): otherwise the first sample, often a single request's 0 accepted drafts, would
+            # hold the estimate for dozens of probes.
+            wb, wg = 1.0 / self.n_acc[b], 1.0 / self._n_acc_global
+            if wb < w:
+                wb = w
+            if wg < w:
+                wg = w
+            self.acc_est[b] = a if prev is None else prev + wb * (a - prev)
+            self.acc_global = a if g is None else g + wg * (a - g)
+            f = self._f
+            self._f_acc[b] = f if prev is None else self._f_acc[b] + wb * (f - self._f_acc[b])
+            self._f_global = f if g is None else self._f_global + wg * (f - self._f_global)
+            if rids is not None and len(rids) == k:
+                if k <= self.PER_REQUEST_MAX:
+                    self._track(rids, accepted)
+                if self._n_acc_global > self._pair_at:
+                    self._pair_sample(rids, accepted)
+            changed = True
+        if t is not None and self.use_times:
+            # Steady: the steps around this one took its mode and no prefill came between: the
+            # interval is what a step of this mode costs.  Otherwise what it cost beyond that is
+            # the switch's (while one is under way) or the prefill's.
+            if rec.clean and not self._after_pf and self._decided >= self.window and \
+                    self._window == (self._window_all if speculated else 0):
+                if not self._buffer_times:  # one process: its own times are the agreed ones
+                    self._fold(m, b, t, 1)
+                    changed = True
+                else:
+                    self._t_sum[m][b] += t
+                    self._t_cnt[m][b] += 1
+            else:
+                ref = self.t_est[m][b]
+                if ref is None:
+                    # Nothing better yet: a switch's step (it holds the switch's cost, an upper bound)
+                    # stands in until the first steady one replaces it.  One beside a prefill can be
+                    # shorter than a step (two results read close together on a live server): not that.
+                    if not rec.clean or self._after_pf:
+                        pass
+                    elif self._buffer_times:  # ranks take it as agreed, with the steady ones
+                        self._t_sum[m][b] += t
+                        self._t_cnt[m][b] += 1
+                    else:
+                        self.t_est[m][b], self._seeded[m][b] = t, True
+                        changed = True
+                elif not self._seeded[m][b]:
+                    # What it cost beyond a step, at most EXCESS_MAX steps: more is an outlier (a
+                    # warm-up, as the first speculative step of a server's life), not what it costs.
+                    x = t - ref if t < (self.EXCESS_MAX + 1.0) * ref else self.EXCESS_MAX * ref
+                    if not rec.clean or self._after_pf:  # beside a prefill: the prefill's overhead
+                        self._overhead(m, x, 0)
+                    elif self._sw_dir >= 0 and self._window not in (0, self._window_all):
+                        self._sw_sum += x  # in a switch's aftermath: the switch's cost
+                        self._sw_n += 1
+        self._after_pf = False
+        if self._sw_dir >= 0 and self._window in (0, self._window_all) and self._sw_n:
+            self._end_switch()  # steady again: the switch's aftermath is over
+        if changed:
+            self._refresh(b)
+        if self._self_sync and self._schedule.due(self._step, bs, speculated):
+            assert self.sync is not None  # _self_sync is set only with a hook
+            self.sync_apply(self.sync(self.sync_values()))
+
+    def state_key(self) -> tuple:
+        # The state decisions follow (estimates enter through _choice and _interval, how finishes
+        # come through _lock and the lead).
+        return (self._step, self._dwell.key(), self.n_seen, self.n_acc, self._in_bucket,
+                self._last_seen, self._choice, self._interval, self._known, self._seeded, self._probe_left,
+                self._probe_b, self._probes, self._window, self._lock, self._lead_now)
+
+    def spec(self) -> str:
+        return self._spec_text

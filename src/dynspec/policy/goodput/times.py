@@ -1,0 +1,153 @@
+"""Goodput's step times: per mode and bucket, from a profile and from measured steps the ranks
+agreed on; what a switch costs each way; and the agreements themselves."""
+
+from __future__ import annotations
+
+from dynspec.policy.buckets import BUCKET_EDGES, bucket_mid
+from dynspec.policy.goodput.prefill import PrefillAccount
+from dynspec.policy.step_cost import StepCost
+from dynspec.policy.sync import SyncSchedule
+
+
+class StepTimes(PrefillAccount):
+    def _init_times(self, profile: StepCost | None, dwell: int) -> None:
+        n = len(BUCKET_EDGES)
+        # [mode][bucket], mode 0 = plain, 1 = spec
+        self.t_est: list[list[float | None]] = [[None] * n, [None] * n]
+        self.n_seen: list[list[int]] = [[0] * n, [0] * n]
+        # A switch to speculating pays one resume (Profile.resume_time); without a profile, measured
+        # speculative step times include it.
+        self._t_resume = [0.0] * n
+        if profile is not None:
+            for b in range(n):
+                bs = bucket_mid(b)
+                self.t_est[0][b] = profile.plain_time(bs) + profile.catch_up_time(bs)  # as the patched server's
+                self._t_resume[b] = profile.resume_time(bs)
+                # A switch holds for at least `dwell` steps: the resume is at most that share of each.
+                self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
+        self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
+        self._t_seen = [[1.0 if profile is not None else 0.0] * n for _ in range(2)]  # steady steps folded in
+        # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec
+        # (steady steps), 2 and 3 what switches to speculation and to plain cost (one per switch).
+        self._t_sum = [[0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n]
+        self._t_cnt = [[0] * n, [0] * n, [0] * n, [0] * n]
+        # The switch under way: its direction (1 to speculation), bucket and the time its aftermath
+        # cost beyond each step's own (folded into _t_resume / _t_pause when the next one comes).
+        self._sw_dir, self._sw_b, self._sw_sum, self._sw_n = -1, 0, 0.0, 0
+        self._t_pause = [0.0] * n  # what a switch to plain costs the server (its aftermath's excess)
+        self._sw_seen = [[1.0 if profile is not None else 0.0] * n, [0.0] * n]  # switches folded in
+        self._self_sync = self.sync is not None  # False once a caller runs the agreements (defer_sync)
+        self._buffer_times = self.sync is not None  # times wait for an agreement instead of counting at once
+
+    def _times(self, b: int) -> tuple[float | None, float | None]:
+        """Plain and spec step times in bucket b.  A plain step does a subset of a speculative
+        step's work (one target token per request instead of k+1, a KV-only catch-up instead of
+        a draft), so a plain estimate above the spec one is an outlier (a warm-up step, a stall)
+        and counts as the spec time: one slow plain step must not keep a losing draft running."""
+        tp, ts = self.t_est[0][b], self.t_est[1][b]
+        return (min(tp, ts) if tp is not None and ts is not None else tp), ts
+
+    def _end_switch(self) -> None:
+        """The switch under way is over: what its aftermath cost beyond its steps' own."""
+        d, n = self._sw_dir, self._sw_n
+        self._sw_dir = -1
+        if d < 0 or not n:
+            return
+        b, kind = self._sw_b, 2 if d else 3
+        if not self._buffer_times:
+            self._fold(kind, b, self._sw_sum, 1)
+            self._refresh(b)
+        else:
+            self._t_sum[kind][b] += self._sw_sum
+            self._t_cnt[kind][b] += 1
+
+    def _fold(self, kind: int, b: int, t: float, count: float) -> None:
+        """Fold a mean over `count` into the estimates (times the ranks agreed on): kinds 0 and 1 a
+        steady plain / spec step, 2 and 3 what one switch to speculation / to plain cost."""
+        if kind >= 2:
+            costs, seen = (self._t_resume, self._sw_seen[0]) if kind == 2 else (self._t_pause, self._sw_seen[1])
+            seen[b] += count
+            # the first switches' plain mean (a profile's prior weighs as one), then an EMA
+            w = max(1.0 - (1.0 - self.alpha) ** count, count / seen[b])
+            costs[b] += w * (max(t, 0.0) - costs[b])
+            return
+        prev, ts = self.t_est[kind][b], self.t_est[1][b]
+        if prev is not None and t > self.STALL_MAX * prev:  # one stalled step (a kernel compiled on
+            t = self.STALL_MAX * prev  # first use) is no measure of a mode: it counts as a doubling
+        # A borrowed time gives way to a measured one, and so does a plain time above the spec
+        # one: a state no machine is in (see _times), left by an outlier such as a warm-up step.
+        seen = self._t_seen[kind]
+        if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
+            self.t_est[kind][b], self._seeded[kind][b], seen[b] = t, False, count
+        else:
+            seen[b] += count
+            # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
+            w = max(1.0 - (1.0 - self.alpha) ** count, count / seen[b])
+            self.t_est[kind][b] = prev + w * (t - prev)
+
+    # Agreement across TP ranks --------------------------------------------------------
+    def sync_schedule(self) -> SyncSchedule:
+        return SyncSchedule(self.sync_every, max(self.min_samples, self.PROBE_STEPS) if self._explore else 0)
+
+    def defer_sync(self) -> None:
+        self._self_sync, self._buffer_times = False, True
+
+    def sync_values(self) -> list[float]:
+        """Step-time and switch-cost sums and counts measured since the last agreement,
+        [kind][bucket], then the timed prefill forwards' sums (count, tokens, seconds, tokens^2,
+        tokens x seconds), then the prefill overhead (seconds, requests) of plain and spec."""
+        cnt = self._t_cnt
+        return [*(v for row in self._t_sum for v in row), *(float(c) for row in cnt for c in row),
+                *self._pf_buf, *self._ov_buf]
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        """Fold the agreed step times into the estimates.  Counts are agreed like the sums
+        (each rank drops intervals it cannot trust on its own), and the agreed sums are
+        divided by the agreed counts: every rank folds the same means with the same weights."""
+        n, k, kinds = len(BUCKET_EDGES), len(self._pf_buf), len(self._t_sum)
+        if len(agreed) != 2 * kinds * n + k + 4:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {2 * kinds * n + k + 4}")
+        at = 2 * kinds * n
+        if agreed[at] > 0:  # timed prefill forwards: fold the rank-mean sums into the fit
+            for i in range(k):
+                self._pf[i] += agreed[at + i]
+            self._fit_prefill()
+            self._refresh(self._last_b)
+        self._pf_buf = [0.0] * k
+        ov = agreed[at + k:]
+        self._buffer_times = False  # fold the agreed overheads as one process would
+        for mode in (0, 1):
+            if ov[2 * mode] or ov[2 * mode + 1]:
+                self._overhead(mode, ov[2 * mode], ov[2 * mode + 1])
+        self._buffer_times = True
+        self._ov_buf = [0.0, 0.0, 0.0, 0.0]
+        for kind in range(kinds):
+            for b in range(n):
+                c = agreed[(kinds + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
+                if c > 0:
+                    self._fold(kind, b, agreed[kind * n + b] / c, c)
+                    self._refresh(b)
+                self._t_cnt[kind][b] = 0
+                self._t_sum[kind][b] = 0.0
+
+    def estimates(self) -> dict:
+        """Per bucket with a measurement or a prior: steady step times (ms, plain as used),
+        accepted drafts per request, what a switch each way costs (ms), the spec/plain cost ratio
+        it acts on (each step with its share of the prefills' overhead: what the two modes'
+        tokens per second imply) and the choice."""
+        out = {}
+        for b, edge in enumerate(BUCKET_EDGES):
+            (tp, ts), acc = self._times(b), self._accepted(b)
+            if tp is None and ts is None:
+                continue
+            ratio = None
+            if tp is not None and ts is not None and acc is not None:
+                cp, cs = self._costs(b, acc, tp, ts)
+                ratio = round(cs / cp, 4)
+            out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
+                               "spec_ms": None if ts is None else round(1000 * ts, 3),
+                               "accepted": None if acc is None else round(acc, 3),
+                               "resume_ms": round(1000 * self._t_resume[b], 3),
+                               "pause_ms": round(1000 * self._t_pause[b], 3),
+                               "cost_ratio": ratio, "speculate": self._choice[b]}
+        return out
