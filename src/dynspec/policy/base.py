@@ -62,7 +62,7 @@ class Policy:
         """The spec string that rebuilds this policy."""
         return self.name
 
-    # Tensor parallelism: what the ranks agree on (see sglang_hook.Controller) ---------
+    # Tensor parallelism: what the ranks agree on (see dynspec.sglang.hook.Controller) ---------
     def sync_schedule(self) -> SyncSchedule:
         return SyncSchedule(SYNC_EVERY)
 
