@@ -317,6 +317,71 @@ def test_wrong_patched_hash_is_refused(site, capsys, patch_copy):
     assert_refused(capsys, root, before, "apply", expect="does not match")
 
 
+def _earlier_release(patch_copy: Path) -> Path:
+    """The series as an earlier release shipped it (one added line differs), beside the copy."""
+    earlier = patch_copy.parent.parent / "earlier" / "sglang-0.5.9"
+    shutil.copytree(patch_copy, earlier)
+    p = earlier / MANIFEST["patches"][0]["file"]
+    text = p.read_text().splitlines(keepends=True)
+    i = next(i for i, line in enumerate(text) if line.startswith("+") and not line.startswith("+++") and line.strip("+ \n"))
+    text[i] = text[i].rstrip("\n") + "  # an earlier release\n"
+    p.write_text("".join(text))
+    _rehash(earlier)
+    return earlier
+
+
+def test_a_tree_patched_by_an_earlier_release_is_updated_and_reverted(site, pristine, capsys, patch_copy):
+    earlier = _earlier_release(patch_copy)
+    m = patching.build_manifest("0.5.9", earlier, pristine["0.5.9"])
+    (earlier / "manifest.json").write_text(json.dumps(m))
+    root = site("0.5.9")
+    pristine_tree = snapshot(root)
+    # installed by the earlier release (its own patch set), backup and all
+    assert patching.do_apply(patching.find_sglang(root), root=earlier.parent).code == 0
+    # without the earlier hashes in this release's manifest the tree is foreign
+    code, out, _ = run(capsys, "status", "--sglang-path", str(root))
+    assert code == 1 and out.startswith("foreign-modified")
+    # `dynspec patch manifest` hands them on from the manifest it replaces
+    current = json.loads((patch_copy / "manifest.json").read_text())
+    new = patching.build_manifest("0.5.9", patch_copy, pristine["0.5.9"], previous=m)
+    assert new["patches"] == current["patches"]
+    rel = next(r for r, e in new["files"].items() if "earlier_patched_sha256" in e)
+    assert new["files"][rel]["earlier_patched_sha256"] == [m["files"][rel]["patched_sha256"]]
+    (patch_copy / "manifest.json").write_text(json.dumps(new))
+    code, out, _ = run(capsys, "status", "--sglang-path", str(root))
+    assert code == 1 and out.startswith("patched-by-another-dynspec 0.5.9") and "apply" in out
+    code, out, err = run(capsys, "apply", "--sglang-path", str(root))
+    assert code == 0 and out.startswith("patched:"), err
+    assert run(capsys, "status", "--sglang-path", str(root))[1].startswith("patched 0.5.9")
+    # back to the earlier release's bytes, then revert: upstream byte for byte, backup gone
+    assert patching.do_revert(patching.find_sglang(root)).code == 0
+    assert patching.do_apply(patching.find_sglang(root), root=earlier.parent).code == 0
+    code, out, err = run(capsys, "revert", "--sglang-path", str(root))
+    assert code == 0 and out.startswith("reverted:"), err
+    assert snapshot(root) == pristine_tree
+
+
+def test_an_earlier_release_without_its_backup_is_refused(site, pristine, capsys, patch_copy):
+    earlier = _earlier_release(patch_copy)
+    m = patching.build_manifest("0.5.9", earlier, pristine["0.5.9"])
+    (earlier / "manifest.json").write_text(json.dumps(m))
+    (patch_copy / "manifest.json").write_text(json.dumps(
+        patching.build_manifest("0.5.9", patch_copy, pristine["0.5.9"], previous=m)))
+    root = site("0.5.9")
+    assert patching.do_apply(patching.find_sglang(root), root=earlier.parent).code == 0
+    shutil.rmtree(root / "sglang" / patching.BACKUP_DIR)
+    before = snapshot(root)
+    assert_refused(capsys, root, before, "apply", expect="an earlier dynspec release patched it")
+    assert_refused(capsys, root, before, "revert", expect="an earlier dynspec release patched it")
+
+
+def test_the_shipped_manifests_know_the_earlier_releases():
+    """Trees patched by earlier dynspec releases are recognised (their hashes are in git history)."""
+    m = json.loads((PATCHSET / "manifest.json").read_text())
+    earlier = m["files"]["sglang/srt/speculative/eagle_worker_v2.py"].get("earlier_patched_sha256", [])
+    assert len(earlier) >= 1 and m["files"]["sglang/srt/speculative/eagle_worker_v2.py"]["patched_sha256"] not in earlier
+
+
 # --- the unified-diff applier -----------------------------------------------------------
 
 OLD = "a\nb\nc\nd\ne\n"

@@ -46,6 +46,7 @@ MANIFEST = "manifest.json"
 EXIT_OK, EXIT_STATE, EXIT_REFUSED = 0, 1, 2
 
 UNPATCHED, PATCHED, FOREIGN, UNSUPPORTED = "unpatched", "patched", "foreign-modified", "unsupported-version"
+STALE = "patched-by-another-dynspec"  # an earlier dynspec release's series (its manifest lists their hashes)
 INTERRUPTED = "interrupted"
 
 
@@ -210,6 +211,7 @@ class PatchSet:
     folder: Path
     patches: list[tuple[str, list[FilePatch]]]  # series order
     files: dict[str, tuple[str, str]]  # rel path -> (upstream sha256, patched sha256)
+    earlier: dict[str, frozenset[str]] = field(default_factory=dict)  # rel path -> earlier releases' patched sha256
 
 
 def load_patchset(version: str, root: Path | None = None) -> PatchSet | None:
@@ -224,6 +226,8 @@ def load_patchset(version: str, root: Path | None = None) -> PatchSet | None:
             raise ValueError(f"format/version fields say {manifest.get('format')!r}/{manifest.get('version')!r}")
         files = {rel: (str(v["upstream_sha256"]), str(v["patched_sha256"]))
                  for rel, v in manifest["files"].items()}
+        earlier = {rel: frozenset(str(h) for h in v.get("earlier_patched_sha256", []))
+                   for rel, v in manifest["files"].items()}
         entries = [(str(e["file"]), str(e["sha256"])) for e in manifest["patches"]]
         if not entries or not files:
             raise ValueError("no patches or no files listed")
@@ -251,7 +255,7 @@ def load_patchset(version: str, root: Path | None = None) -> PatchSet | None:
     if touched != set(files):
         missing = ", ".join(sorted(set(files) - touched))
         raise Refusal(f"damaged patch set {folder}: {MANIFEST} lists files no patch touches: {missing}")
-    return PatchSet(version, folder, patches, files)
+    return PatchSet(version, folder, patches, files, earlier)
 
 
 def render(ps: PatchSet, contents: dict[str, bytes], *, reverse: bool = False) -> dict[str, bytes]:
@@ -264,8 +268,10 @@ def render(ps: PatchSet, contents: dict[str, bytes], *, reverse: bool = False) -
     return {rel: _encode(t) for rel, t in texts.items()}
 
 
-def build_manifest(version: str, folder: Path, upstream_root: Path) -> dict:
-    """Manifest for the .patch files in `folder` against an upstream sglang tree (maintainers)."""
+def build_manifest(version: str, folder: Path, upstream_root: Path, previous: dict | None = None) -> dict:
+    """Manifest for the .patch files in `folder` against an upstream sglang tree (maintainers).
+    `previous` (the manifest it replaces) hands on the patched hashes of earlier releases, so a
+    tree patched by one of them is recognised, brought up to date by apply and reverted."""
     names = sorted(p.name for p in folder.glob("*.patch"))
     if not names:
         raise Refusal(f"no .patch files in {folder}")
@@ -283,9 +289,20 @@ def build_manifest(version: str, folder: Path, upstream_root: Path) -> dict:
         "package": "sglang",
         "version": version,
         "patches": [{"file": n, "sha256": sha256((folder / n).read_bytes())} for n in names],
-        "files": {rel: {"upstream_sha256": sha256(upstream[rel]), "patched_sha256": sha256(patched[rel])}
+        "files": {rel: _file_entry(sha256(upstream[rel]), sha256(patched[rel]),
+                                   ((previous or {}).get("files") or {}).get(rel))
                   for rel in sorted(upstream)},
     }
+
+
+def _file_entry(up: str, patched: str, before: dict | None) -> dict:
+    entry: dict = {"upstream_sha256": up, "patched_sha256": patched}
+    if before and before.get("upstream_sha256") == up:
+        earlier = set(before.get("earlier_patched_sha256", [])) | {before.get("patched_sha256")}
+        earlier = {h for h in earlier if isinstance(h, str) and h != patched}
+        if earlier:
+            entry["earlier_patched_sha256"] = sorted(earlier)
+    return entry
 
 
 # --- the installed sglang --------------------------------------------------------------
@@ -360,6 +377,19 @@ class Status:
         return f"{text}: {self.detail}" if self.detail else text
 
 
+def _backed_up(target: Target, ps: PatchSet, rel: str) -> bytes | None:
+    """The upstream bytes of `rel` an earlier apply kept in the backup, if they are intact."""
+    try:
+        state = json.loads((target.backup / BACKUP_STATE).read_text())
+        data = (target.backup / rel).read_bytes()
+    except (OSError, ValueError):
+        return None
+    up = ps.files[rel][0]
+    if not isinstance(state, dict) or state.get("version") != ps.version or sha256(data) != up:
+        return None
+    return data
+
+
 def status(target: Target, root: Path | None = None) -> Status:
     if (target.pkg / JOURNAL).exists() or (target.pkg / JOURNAL).is_symlink():
         return Status(INTERRUPTED, target, None, detail=f"an apply or revert was interrupted ({target.pkg / JOURNAL}); "
@@ -385,11 +415,18 @@ def status(target: Target, root: Path | None = None) -> Status:
         current[rel] = data
         h = sha256(data)
         states.append((rel, "upstream" if h == up else "patched" if h == patched else "other"))
+    states = [(rel, "stale" if s == "other" and sha256(current[rel] or b"") in ps.earlier.get(rel, ()) else s)
+              for rel, s in states]
     kinds = {s for _, s in states}
     if kinds == {"upstream"}:
         return Status(UNPATCHED, target, ps, current)
     if kinds == {"patched"}:
         return Status(PATCHED, target, ps, current)
+    if "stale" in kinds and kinds <= {"stale", "patched", "upstream"}:
+        n = sum(1 for _, s in states if s == "stale")
+        return Status(STALE, target, ps, current,
+                      f"{n} file(s) patched by another dynspec release; `dynspec patch apply` brings them to this "
+                      "one, `dynspec patch revert` restores upstream")
     odd = [f"{rel} ({s})" for rel, s in states if s in ("other", "missing")]
     if odd:
         detail = f"{odd[0]} matches neither the upstream {ps.version} file nor dynspec's patched one"
@@ -597,6 +634,7 @@ class _Start:
     where: str  # "sglang <version> at <package>", for messages
     files: dict[str, bytes]  # the patched-over files as they are now
     done: Outcome | None  # the tree is already where the operation would take it
+    state: str  # the tree's state before the operation
 
 
 def _start(target: Target, dry_run: bool, root: Path | None, goal: str, already: str, nothing: str) -> _Start:
@@ -616,7 +654,7 @@ def _start(target: Target, dry_run: bool, root: Path | None, goal: str, already:
     if st.state == FOREIGN:
         raise Refusal(f"refused: {where} is foreign-modified: {st.detail}; nothing changed")
     done = Outcome(EXIT_OK, f"{note}{already}: {where}" + ("" if note else f"; {nothing}")) if st.state == goal else None
-    return _Start(note, ps, where, {rel: data for rel, data in st.current.items() if data is not None}, done)
+    return _Start(note, ps, where, {rel: data for rel, data in st.current.items() if data is not None}, done, st.state)
 
 
 def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
@@ -624,6 +662,8 @@ def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None)
     if start.done is not None:
         return start.done
     note, ps, where, originals = start.note, start.ps, start.where, start.files
+    if start.state == STALE:  # another release's series: start again from the upstream bytes
+        originals = _upstream_bytes(target, ps, originals)
     try:
         patched = render(ps, originals)
     except PatchApplyError as exc:
@@ -655,19 +695,22 @@ def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None)
 
 
 def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> dict[str, bytes]:
-    """The upstream files: from the backup when it is intact, else by reversing the series."""
+    """The upstream files: as they are where untouched, else from the backup when it is intact,
+    else by reversing the series."""
     out: dict[str, bytes] = {}
     for rel, (up, _) in ps.files.items():
-        b = target.backup / rel
-        try:
-            data = b.read_bytes()
-        except OSError:
+        data = current.get(rel)
+        kept = data if data is not None and sha256(data) == up else _backed_up(target, ps, rel)
+        if kept is None:
             break
-        if sha256(data) != up:
-            break
-        out[rel] = data
+        out[rel] = kept
     else:
         return out
+    for rel, data in current.items():
+        if sha256(data) in ps.earlier.get(rel, ()):  # an earlier series: only its backup can undo it
+            raise Refusal(f"cannot rebuild upstream {rel}: an earlier dynspec release patched it and "
+                          f"{target.backup} holds no intact copy; reinstall sglang {ps.version}, then "
+                          "`dynspec patch apply`; nothing changed")
     try:
         out = render(ps, current, reverse=True)
     except PatchApplyError as exc:
@@ -723,7 +766,11 @@ def _manifest(args: argparse.Namespace) -> int:
     if not version:
         raise Refusal("cannot read sglang's version; pass --version")
     folder = patches_root() / f"sglang-{version}"
-    manifest = build_manifest(version, folder, target.root)
+    try:
+        previous = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        previous = None
+    manifest = build_manifest(version, folder, target.root, previous if isinstance(previous, dict) else None)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {folder / MANIFEST}: {len(manifest['patches'])} patches, {len(manifest['files'])} files")
     return EXIT_OK
