@@ -2,7 +2,7 @@
 
 Works on a small synthetic SGLang tree and patch set (three files, one in a nested
 folder), so the journal logic is tested apart from the contents of any real patch.
-A child process runs apply or revert with patching.AFTER_STEP set to print each step
+A child process runs apply or revert with patch_transaction.AFTER_STEP set to print each step
 and sleep; the test kills it (SIGKILL) right after step k, for every k.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.sglang import patching
+from dynspec.sglang import patch_transaction, patching
 
 VERSION = "9.9.9"
 UPSTREAM = {
@@ -68,14 +68,14 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from dynspec.sglang import patching
+    from dynspec.sglang import patch_transaction, patching
     seen = []
     def step(label):
         seen.append(label)
         print(label, flush=True)
         if len(seen) == int(sys.argv[3]):
             time.sleep(30)  # the window: the parent kills here
-    patching.AFTER_STEP = step
+    patch_transaction.AFTER_STEP = step
     op = patching.do_apply if sys.argv[1] == "apply" else patching.do_revert
     print(op(patching.find_sglang(sys.argv[2])).message, flush=True)
 """)
@@ -110,11 +110,11 @@ def kill_after(root: Path, op: str, k: int) -> list[str]:
 def steps_of(root: Path, op: str) -> int:
     """How many steps an uninterrupted op reports (with AFTER_STEP counting, not sleeping)."""
     seen = []
-    patching.AFTER_STEP = seen.append
+    patch_transaction.AFTER_STEP = seen.append
     try:
         (patching.do_apply if op == "apply" else patching.do_revert)(patching.find_sglang(root))
     finally:
-        patching.AFTER_STEP = None
+        patch_transaction.AFTER_STEP = None
     return len(seen)
 
 

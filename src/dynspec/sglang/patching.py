@@ -1,4 +1,5 @@
-"""`dynspec patch status|apply|revert`: put dynspec's switch into an installed SGLang.
+"""`dynspec patch status|apply|revert`: put dynspec's switch into an installed SGLang (the diffs:
+unified_diff; the writes, all or none across crashes: patch_transaction).
 
 Patches live in patches/sglang-<version>/ (canonical copy: src/dynspec/sglang/patches/, so
 they ship inside the package; the top-level patches/ folder of a checkout links to
@@ -27,19 +28,21 @@ interrupted or unsupported-version; 2 refused (one line on stderr, nothing chang
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynspec.sglang.patch_transaction import (  # noqa: F401  (re-exported: the command's vocabulary)
+    BACKUP_DIR, JOURNAL, TMP_SUFFIX, Refusal, Target, _check_no_links, _check_writable, recover, sha256, write_all)
+from dynspec.sglang.unified_diff import (  # noqa: F401
+    FilePatch, Hunk, PatchApplyError, PatchFormatError, apply_hunks, parse_unified)
+
 ENV_PATCHES = "DYNSPEC_PATCHES"
-BACKUP_DIR = ".dynspec-backup"
 BACKUP_STATE = "state.json"
 MANIFEST = "manifest.json"
 
@@ -50,132 +53,11 @@ STALE = "patched-by-another-dynspec"  # an earlier dynspec release's series (its
 INTERRUPTED = "interrupted"
 
 
-class Refusal(Exception):
-    """Refuse the operation: one line for the user, exit 2, nothing changed."""
-
-
-class PatchFormatError(ValueError):
-    """A patch file that is not a well-formed unified diff."""
-
-
-class PatchApplyError(ValueError):
-    """A hunk whose context does not match the file."""
-
-
-# --- unified diffs ---------------------------------------------------------------------
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-@dataclass
-class Hunk:
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    lines: list[tuple[str, str]] = field(default_factory=list)  # (tag ' '|'-'|'+', text with newline)
-
-    def side(self, reverse: bool) -> tuple[int, int, list[str], list[str]]:
-        """(start, length, lines expected in the source, lines to write) for one direction."""
-        src_tags, dst_tags = (" +", " -") if reverse else (" -", " +")
-        src = [t for tag, t in self.lines if tag in src_tags]
-        dst = [t for tag, t in self.lines if tag in dst_tags]
-        start, length = (self.new_start, self.new_len) if reverse else (self.old_start, self.old_len)
-        return start, length, src, dst
-
-
-@dataclass
-class FilePatch:
-    path: str  # relative to the site-packages root (after stripping a/ or b/: -p1)
-    hunks: list[Hunk]
-
-
-def _strip_path(token: str) -> str:
-    token = token.split("\t", 1)[0].strip()
-    if token == "/dev/null":
-        return token
-    parts = token.split("/", 1)
-    if len(parts) != 2 or not parts[1]:
-        raise PatchFormatError(f"path {token!r} has no a/ or b/ prefix to strip (-p1)")
-    return parts[1]
-
-
-def parse_unified(text: str) -> list[FilePatch]:
-    """Parse a unified diff (one or more files) into FilePatch objects."""
-    lines = text.splitlines(keepends=True)
-    out: list[FilePatch] = []
-    i, n = 0, len(lines)
-    while i < n:
-        if not (lines[i].startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ ")):
-            if lines[i].startswith("@@"):
-                raise PatchFormatError(f"line {i + 1}: hunk outside a file header")
-            i += 1  # preamble: 'diff ...', 'Index:', comments
-            continue
-        old, new = _strip_path(lines[i][4:]), _strip_path(lines[i + 1][4:])
-        if old == "/dev/null" or new == "/dev/null" or old != new:
-            raise PatchFormatError(f"line {i + 1}: only in-place edits of one file are supported ({old} -> {new})")
-        i += 2
-        hunks: list[Hunk] = []
-        while i < n and lines[i].startswith("@@"):
-            m = _HUNK.match(lines[i])
-            if not m:
-                raise PatchFormatError(f"line {i + 1}: malformed hunk header {lines[i].rstrip()!r}")
-            h = Hunk(int(m[1]), int(m[2] or 1), int(m[3]), int(m[4] or 1))
-            i += 1
-            need_old, need_new = h.old_len, h.new_len
-            while need_old > 0 or need_new > 0:
-                if i >= n:
-                    raise PatchFormatError(f"{new}: hunk @@ -{h.old_start} ends early (truncated patch?)")
-                line = lines[i]
-                tag, body = line[:1], line[1:]
-                if line in ("\n", "\r\n"):  # a context line whose leading space was stripped
-                    tag, body = " ", line
-                if tag == "\\":
-                    raise PatchFormatError(f"line {i + 1}: misplaced '\\ No newline' marker")
-                if tag not in " -+":
-                    raise PatchFormatError(f"line {i + 1}: unexpected {line[:20]!r} inside a hunk of {new}")
-                if tag in " -":
-                    need_old -= 1
-                if tag in " +":
-                    need_new -= 1
-                if need_old < 0 or need_new < 0:
-                    raise PatchFormatError(f"line {i + 1}: hunk of {new} longer than its header says")
-                h.lines.append((tag, body))
-                i += 1
-                if i < n and lines[i].startswith("\\"):  # '\ No newline at end of file'
-                    h.lines[-1] = (tag, body.rstrip("\r\n"))
-                    i += 1
-            hunks.append(h)
-        if not hunks:
-            raise PatchFormatError(f"{new}: file header with no hunks")
-        out.append(FilePatch(new, hunks))
-    if not out:
-        raise PatchFormatError("no file diffs found")
-    return out
-
-
-def apply_hunks(text: str, hunks: list[Hunk], *, reverse: bool = False, name: str = "file") -> str:
-    """Apply (or reverse) hunks to text; every context and removed line must match exactly."""
-    old = text.splitlines(keepends=True)
-    out: list[str] = []
-    pos = 0
-    for h in hunks:
-        start, length, src, dst = h.side(reverse)
-        begin = start - 1 if length > 0 else start  # a pure insertion names the line before it
-        if begin < pos or begin + len(src) > len(old) or old[begin:begin + len(src)] != src:
-            raise PatchApplyError(f"{name}: hunk at line {start} does not match")
-        out.extend(old[pos:begin])
-        out.extend(dst)
-        pos = begin + len(src)
-    out.extend(old[pos:])
-    return "".join(out)
 
 
 # --- patch sets and manifests ----------------------------------------------------------
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _decode(data: bytes) -> str:
@@ -308,18 +190,6 @@ def _file_entry(up: str, patched: str, before: dict | None) -> dict:
 # --- the installed sglang --------------------------------------------------------------
 
 
-@dataclass
-class Target:
-    root: Path  # the directory that holds sglang/ (site-packages)
-    version: str | None
-
-    @property
-    def pkg(self) -> Path:
-        return self.root / "sglang"
-
-    @property
-    def backup(self) -> Path:
-        return self.pkg / BACKUP_DIR
 
 
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
@@ -438,174 +308,6 @@ def status(target: Target, root: Path | None = None) -> Status:
     return Status(FOREIGN, target, ps, current, detail)
 
 
-# --- writing: all files or none, across crashes -----------------------------------------
-#
-# Every new file is first a fsynced temp file beside its target.  Then a journal
-# (<sglang>/.dynspec-journal.json) lists each temp, its target and the new bytes' hash,
-# and only then do the renames start; the journal goes once the last one is done.  A
-# crash between renames leaves the journal, and the next apply or revert finishes the
-# renames from the temps (roll forward: every temp was complete before the first rename).
-
-JOURNAL = ".dynspec-journal.json"
-TMP_SUFFIX = ".dynspec-tmp"
-# Called with a label after the journal is written, after each rename and after the backup goes;
-# tests set it to widen the window in which a kill interrupts an operation.
-AFTER_STEP = None
-
-
-def _step(label: str) -> None:
-    if AFTER_STEP is not None:
-        AFTER_STEP(label)
-
-
-def _check_writable(paths: list[Path]) -> None:
-    for p in paths:
-        d = p if p.is_dir() else p.parent
-        if not os.access(d, os.W_OK | os.X_OK) or (p.is_file() and not os.access(p, os.W_OK)):
-            raise Refusal(f"no write permission for {p}")
-
-
-def _check_no_links(root: Path, paths: list[Path]) -> None:
-    """Refuse a target, or a folder on the way to it below root, that is a symbolic link:
-    a rename would replace the link with a file, a write into a linked folder lands outside the tree."""
-    for p in paths:
-        rel = p.relative_to(root)
-        for k in range(2, len(rel.parts) + 1):  # the installed package folder itself may be a link
-            q = root.joinpath(*rel.parts[:k])
-            if q.is_symlink():
-                raise Refusal(f"{q} is a symbolic link; dynspec replaces regular files in real folders only")
-
-
-def _temp(path: Path, data: bytes, mode: int) -> Path:
-    """A new file beside path holding data, synced (mkstemp: O_EXCL, never follows a link)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, mode)
-    return Path(tmp)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(target: Target, files: dict[Path, bytes], *, op: str, remove: Path | None = None) -> None:
-    """Replace every file with new bytes, or none (then remove the folder `remove`), through the
-    journal; a failing rename rolls back the ones already done."""
-    root = target.root
-    _check_no_links(root, list(files) + [target.pkg / JOURNAL] + ([remove] if remove else []))
-    temps: dict[Path, Path] = {}
-    saved: dict[Path, bytes | None] = {}
-    try:
-        for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            saved[path] = path.read_bytes() if path.exists() else None
-            temps[path] = _temp(path, data, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
-        journal = {"format": 1, "op": op,
-                   "renames": [{"path": str(p.relative_to(root)), "tmp": str(t.relative_to(root)),
-                                "sha256": sha256(files[p])} for p, t in temps.items()],
-                   "remove": str(remove.relative_to(root)) if remove else None}
-        os.replace(_temp(target.pkg / JOURNAL, (json.dumps(journal, indent=2) + "\n").encode(), 0o644),
-                   target.pkg / JOURNAL)
-        _fsync_dir(target.pkg)
-    except OSError as exc:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        if isinstance(exc, PermissionError):
-            raise Refusal(f"no write permission for {exc.filename or 'a target directory'}") from None
-        raise Refusal(f"cannot write ({exc}); nothing changed") from None
-    _step("journal")
-    done: list[Path] = []
-    try:
-        for path, tmp in temps.items():
-            os.replace(tmp, path)
-            done.append(path)
-            _step(f"rename {path.relative_to(root)}")
-    except OSError as exc:
-        for path in done:  # roll back what was already replaced
-            old = saved[path]
-            if old is None:
-                path.unlink(missing_ok=True)
-            else:
-                os.replace(_temp(path, old, path.stat().st_mode & 0o7777), path)
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        (target.pkg / JOURNAL).unlink(missing_ok=True)
-        raise Refusal(f"write failed ({exc}); rolled back, nothing changed") from None
-    for d in {p.parent for p in temps}:
-        _fsync_dir(d)
-    if remove is not None:
-        shutil.rmtree(remove, ignore_errors=True)
-        _step("remove")
-    (target.pkg / JOURNAL).unlink()
-
-
-def _journal_entry(root: Path, rel: object, what: str, jpath: Path) -> Path:
-    """A path the journal names, only if it stays inside the tree (a planted journal moves nothing)."""
-    if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise Refusal(f"{jpath}: damaged journal ({what} {rel!r}); remove it after checking the files")
-    return root / rel
-
-
-def recover(target: Target, root: Path | None = None) -> str:
-    """Finish an apply or revert a crash interrupted, and clear stray temp files;
-    returns what was done ("" when there was nothing)."""
-    jpath = target.pkg / JOURNAL
-    note = ""
-    if jpath.is_symlink():
-        raise Refusal(f"{jpath} is a symbolic link; remove it")
-    if jpath.exists():
-        from dynspec.io.jsonl import read_json
-
-        j = read_json(jpath, Refusal)
-        if not isinstance(j, dict) or j.get("op") not in ("apply", "revert") or not isinstance(j.get("renames"), list):
-            raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
-        todo: list[tuple[Path, Path]] = []  # every entry is checked before the first rename
-        for r in j["renames"]:
-            if not isinstance(r, dict):
-                raise Refusal(f"{jpath}: damaged journal; remove it after checking the files")
-            path = _journal_entry(target.root, r.get("path"), "path", jpath)
-            tmp = _journal_entry(target.root, r.get("tmp"), "tmp", jpath)
-            if tmp.parent != path.parent or not tmp.name.endswith(TMP_SUFFIX):
-                raise Refusal(f"{jpath}: damaged journal (temp {tmp} is not beside {path})")
-            _check_no_links(target.root, [path, tmp])
-            if tmp.is_file() and sha256(tmp.read_bytes()) == r.get("sha256"):
-                todo.append((tmp, path))
-            elif not (path.is_file() and sha256(path.read_bytes()) == r.get("sha256")):
-                raise Refusal(f"cannot finish the interrupted {j['op']}: {path} is not its new version and its "
-                              f"temp file is gone; nothing changed")
-        gone = None
-        if j.get("remove") is not None:
-            gone = _journal_entry(target.root, j["remove"], "remove", jpath)
-            if gone != target.backup:
-                raise Refusal(f"{jpath}: damaged journal (would remove {gone})")
-        for tmp, path in todo:
-            os.replace(tmp, path)
-        if gone is not None:
-            shutil.rmtree(gone, ignore_errors=True)
-        jpath.unlink()
-        note = f"finished an interrupted {j['op']}; "
-    _clean_strays(target, root)
-    return note
-
-
-def _clean_strays(target: Target, root: Path | None) -> None:
-    """Temp files an interrupted operation left before its journal was written."""
-    dirs = {target.pkg}
-    ps = load_patchset(target.version, root) if target.version is not None else None
-    for rel in ps.files if ps else ():
-        dirs |= {(target.root / rel).parent, (target.backup / rel).parent}
-    dirs.add(target.backup)
-    for d in dirs:
-        if d.is_dir() and not d.is_symlink():
-            for stray in d.glob(f".*{TMP_SUFFIX}"):
-                stray.unlink(missing_ok=True)
 
 
 # --- the operations --------------------------------------------------------------------
@@ -647,7 +349,8 @@ def _start(target: Target, dry_run: bool, root: Path | None, goal: str, already:
             raise Refusal(f"{st.detail} (a dry run changes nothing)")
         note = ""
     else:
-        note = recover(target, root)
+        ps_files = load_patchset(target.version, root) if target.version is not None else None
+        note = recover(target, ps_files.files if ps_files else ())
         st = status(target, root)
     ps = _require(st)
     where = f"sglang {ps.version} at {target.pkg}"
