@@ -54,7 +54,7 @@ test: test-venv browser lint
 # ruff and mypy (both configured in pyproject.toml): pyflakes, pycodestyle, bugbear; then the
 # types of the modules listed under [tool.mypy].
 lint: test-venv
-	$(PY) -m ruff check src tests benchmarks scripts notebooks
+	$(PY) -m ruff check src tests benchmarks experiments scripts notebooks
 	$(PY) -m mypy
 
 # Your own loop: everything but the slow tests (real SGLang servers, bench_serving in real time, the

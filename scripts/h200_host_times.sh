@@ -8,7 +8,7 @@
 set -u
 source scripts/h200_setup.sh
 C=${C:-64}
-gpu_idle; timeout ${HOST_TIMES_S:-500} python3 benchmarks/sync_census.py --gpu --dummy llama-3.1-8b \
+gpu_idle; timeout ${HOST_TIMES_S:-500} python3 experiments/h200-real-sglang/sync_census.py --gpu --dummy llama-3.1-8b \
     --requests ${REQUESTS:-640} --tokens ${TOKENS:-128} --prompt-len ${PROMPT_LEN:-256} --concurrency "$C" \
     --host-times --device-timer --out "$OUT/host-times-c$C.json" > "$OUT/host-times-c$C.txt" 2>&1
 echo "host times exit $?" >> "$OUT/host-times-c$C.txt"; grep -v '^\s*$' "$OUT/host-times-c$C.txt" | tail -60

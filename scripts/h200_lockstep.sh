@@ -3,7 +3,7 @@
 # EAGLE-3 server with DYNSPEC_POLICY=goodput at C = 16 and 64, fixed lengths (256 in, 128 out),
 # then output lengths in 64..128 (configs/h200-llama8b-lockstep{,-range}.yaml).  What goodput read
 # from the prefill forwards is in each run's scrapes/ (/get_server_info after every level):
-#   python benchmarks/lockstep_read.py experiments/h200-llama8b-lockstep/data/h200-llama8b-lockstep*
+#   python experiments/h200-llama8b-lockstep/lockstep_read.py experiments/h200-llama8b-lockstep/data/h200-llama8b-lockstep*
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 set -u
 source scripts/h200_setup.sh

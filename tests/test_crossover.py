@@ -1,5 +1,5 @@
 """Where speculation stops paying: the per-step crossover table and the simulated envelope
-by profile (the report's "By profile" section and benchmarks/envelope.py)."""
+by profile (the report's "By profile" section and experiments/generated-machines/envelope.py)."""
 
 from __future__ import annotations
 

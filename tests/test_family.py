@@ -222,7 +222,7 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
 
 
 def test_the_oracle_reads_the_running_requests_true_acceptance():
-    """benchmarks/oracle_acceptance.py: the what-if policy's acceptance is the mean over the
+    """experiments/generated-machines/oracle_acceptance.py: the what-if policy's acceptance is the mean over the
     requests the engine runs of r + r^2 + ... + r^n (their own rates), whatever it observed."""
     from benchmark_scripts import load
 
@@ -243,7 +243,7 @@ def test_the_oracle_reads_the_running_requests_true_acceptance():
 
 
 def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, monkeypatch):
-    """benchmarks/family_variants.py --all: each spec on every member-level of an envelope CSV,
+    """experiments/generated-machines/family_variants.py --all: each spec on every member-level of an envelope CSV,
     in the CSV's order whatever the number of jobs.  The default spec reproduces the CSV's
     dynamic arm exactly (the simulator is seeded); a second spec's column is its own runs."""
     import pandas as pd
@@ -293,7 +293,7 @@ def test_family_variants_reruns_every_member_level_of_a_csv(tmp_path, capsys, mo
 
 
 def test_envelope_counts_the_levels_no_switching_arm_can_meet(tmp_path, capsys):
-    """benchmarks/envelope.py names the member-levels where max(never, EAGLE-3) on the switching
+    """experiments/generated-machines/envelope.py names the member-levels where max(never, EAGLE-3) on the switching
     server is itself below 0.97 of max(plain, EAGLE-3) (the catch-up's cap).  Member 0:117 pays
     5.8% of a plain step for catch-up and loses to plain above batch 2, so some of its levels are
     out of reach; the count must be the CSV's own."""

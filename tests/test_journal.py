@@ -1,4 +1,4 @@
-"""dynspec.io.journal and the family run that uses it (benchmarks/envelope.py --family --out):
+"""dynspec.io.journal and the family run that uses it (experiments/generated-machines/envelope.py --family --out):
 a crash keeps every member already simulated, and the same command resumes from there."""
 
 from __future__ import annotations

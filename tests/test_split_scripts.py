@@ -1,5 +1,5 @@
-"""benchmarks/gpu_time_split.py (a live level's time split by SGLang's device timer) and
-benchmarks/wave_split.py (a closed-loop level split by request and by wave), on made-up runs."""
+"""experiments/h200-llama8b-price/gpu_time_split.py (a live level's time split by SGLang's device timer) and
+experiments/h200-llama8b-price/wave_split.py (a closed-loop level split by request and by wave), on made-up runs."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_waves_are_pooled_by_the_kind_the_runs_config_gives_each_arm(tmp_path, c
 
 
 def test_a_closed_loop_level_splits_into_waves_and_parts_of_a_request(tmp_path, capsys, monkeypatch):
-    """benchmarks/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
+    """experiments/h200-llama8b-price/wave_split.py on made-up records: three waves of two requests, 10 ms steps, one
     20 ms pause; the never kind's requests start their first token 5 ms later."""
     _waves_of_requests(tmp_path, (("plain_c2_r0", 0.0), ("dynspec-never_c2_r0", 0.005)))
     ws = load("wave_split")

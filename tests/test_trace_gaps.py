@@ -1,4 +1,4 @@
-"""benchmarks/trace_gaps.py: where a decode step's GPU idle time and host waits come from, read
+"""experiments/h200-real-sglang/trace_gaps.py: where a decode step's GPU idle time and host waits come from, read
 from a torch profiler trace.  A synthetic trace of two steps with known gaps and waits."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/trace_level.py: a member-level's decisions stretch by stretch (simulated)."""
+"""experiments/generated-machines/trace_level.py: a member-level's decisions stretch by stretch (simulated)."""
 
 from __future__ import annotations
 

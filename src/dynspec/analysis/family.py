@@ -1,7 +1,7 @@
 """A seeded family of made-up machines: step-cost profiles nobody tuned a policy to.
 
 The shipped profiles are the ones goodput was developed against.  A user's machine is
-not one of them, so `benchmarks/envelope.py --family N --seed S` runs the policies on N
+not one of them, so `experiments/generated-machines/envelope.py --family N --seed S` runs the policies on N
 profiles drawn here.  Member i of seed S is always the same profile (its own random
 stream, `member(S, i)`), and every member goes through the same `Profile` model and
 validation as a shipped one.
@@ -107,7 +107,7 @@ class Member(Model):
             "prefill": {"fixed_ms": round(self.prefill_fixed * self.plain_ms, 5),
                         "per_token_ms": round(self.prefill_per_token * self.plain_ms, 6), "chunk_tokens": 8192},
             "provenance": {"kind": "derived", "source": "dynspec.analysis.family: a randomized profile, not a machine",
-                           "command": f"benchmarks/envelope.py --family-member {self.seed}:{self.index}"},
+                           "command": f"experiments/generated-machines/envelope.py --family-member {self.seed}:{self.index}"},
         }, f"family member {self.seed}:{self.index}")
 
 

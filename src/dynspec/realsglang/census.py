@@ -11,7 +11,7 @@ the GPU decides.
 
 Enabled by DYNSPEC_SYNC_CENSUS=<folder> in a server started by dynspec.realsglang: every
 process writes <folder>/<pid>.json ({"site": count}) about once a second while counts change.
-`benchmarks/sync_census.py` runs both arms and prints the difference.
+`experiments/h200-real-sglang/sync_census.py` runs both arms and prints the difference.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ same way, as "gpu forward_<mode>": a few long steps are told apart from many sli
 
 Enabled by DYNSPEC_HOST_TIMES=<folder> in a server started by dynspec.realsglang: the wrappers
 go on as each SGLang module is imported (compat's post-import hooks), and every process writes <folder>/<pid>.json
-({"Class.method": [calls, seconds, [calls per duration bucket]]}) about once a second.  `benchmarks/sync_census.py
+({"Class.method": [calls, seconds, [calls per duration bucket]]}) about once a second.  `experiments/h200-real-sglang/sync_census.py
 --host-times` runs a plain and a patched server under the same load and prints both.
 """
 

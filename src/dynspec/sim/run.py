@@ -74,7 +74,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     lengths: (input, output) tokens per request, instead of input_len/output_len for all.
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
     catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
-    on_step(engine, step), when given, is called after every engine step (benchmarks/trace_level.py).
+    on_step(engine, step), when given, is called after every engine step (experiments/generated-machines/trace_level.py).
     """
     from dynspec.sim.arrivals import arrival_times
 

@@ -6,11 +6,11 @@ import os
 from dynspec.realsglang import compat
 
 compat.install()
-if os.environ.get("DYNSPEC_SYNC_CENSUS"):  # a diagnostic: benchmarks/sync_census.py
+if os.environ.get("DYNSPEC_SYNC_CENSUS"):  # a diagnostic: experiments/h200-real-sglang/sync_census.py
     from dynspec.realsglang import census
 
     census.install(os.environ["DYNSPEC_SYNC_CENSUS"])
-if os.environ.get("DYNSPEC_HOST_TIMES"):  # a diagnostic: benchmarks/sync_census.py --host-times
+if os.environ.get("DYNSPEC_HOST_TIMES"):  # a diagnostic: experiments/h200-real-sglang/sync_census.py --host-times
     from dynspec.realsglang import hosttime
 
     hosttime.install(os.environ["DYNSPEC_HOST_TIMES"])

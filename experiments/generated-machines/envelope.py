@@ -5,15 +5,15 @@ max(baseline, eagle3) output throughput at every concurrency from 1 to 256, on e
 shipped profile.  Printed beside it, the same ratio for a static threshold and SGLang's
 default tiers.
 
-    .venv/bin/python benchmarks/envelope.py [--profile NAME ...] [--threshold 32] [--seeds 3]
+    .venv/bin/python experiments/generated-machines/envelope.py [--profile NAME ...] [--threshold 32] [--seeds 3]
         [--input-len 1024] [--output-len 256] [--free-catch-up] [--out FILE.csv]
 
 On generated machines instead (dynspec.analysis.family): N members of family S, each with its
 own workload, at the family's levels (bucket edges, the batch below each, and the member's
 crossover), beside what users would otherwise deploy; or one member, to reproduce it:
 
-    .venv/bin/python benchmarks/envelope.py --family 200 [--seed 0] [--jobs 2] [--out FILE.csv]
-    .venv/bin/python benchmarks/envelope.py --family-member S:I
+    .venv/bin/python experiments/generated-machines/envelope.py --family 200 [--seed 0] [--jobs 2] [--out FILE.csv]
+    .venv/bin/python experiments/generated-machines/envelope.py --family-member S:I
 
 Each arm's throughput is also measured over the level's steady state (the requests sent after the
 first wave and finished by the last send, as C x tokens / latency: the closed loop's start and
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                          "max(never, eagle3), whole or steady, with simulator seeds 1..K-1 and judge it again "
                          "on each arm's mean over seeds 0..K-1")
     args = ap.parse_args(argv)
-    args.argv = ["benchmarks/envelope.py", *(sys.argv[1:] if argv is None else argv)]
+    args.argv = ["experiments/generated-machines/envelope.py", *(sys.argv[1:] if argv is None else argv)]
     if args.confirm == 1 or args.confirm < 0:
         ap.error(f"--confirm must be 0 (off) or at least 2 seeds, got {args.confirm}")
     if args.level_scale < 1:
@@ -187,7 +187,7 @@ def family_main(args) -> int:
           f"({wm.model_dump()})")
     lengths = f" --range-ratio {args.range_ratio:g}" if args.range_ratio < 1 else ""
     lengths += f" --level-scale {args.level_scale}" if args.level_scale > 1 else ""
-    print(f"  reproduce: .venv/bin/python benchmarks/envelope.py --family-member {seed}:{wm.index}{lengths}")
+    print(f"  reproduce: .venv/bin/python experiments/generated-machines/envelope.py --family-member {seed}:{wm.index}{lengths}")
     conf, on_means = _confirm(df, members, args, journal) if args.confirm else (None, None)
     ok = dyn.of_envelope.min() >= TARGET and dyn.of_envelope.median() >= FAMILY_MEDIAN
     print(f"\n{'PASS' if ok else 'FAIL'}: dynamic worst >= {TARGET} and median >= {FAMILY_MEDIAN} of max(baseline, "
@@ -208,7 +208,7 @@ def family_main(args) -> int:
             outputs.append(write_frame(_confirm_path(args.out), conf))
         from dynspec import provenance
 
-        provenance.write(provenance.beside(args.out), "benchmarks/envelope.py --family",
+        provenance.write(provenance.beside(args.out), "experiments/generated-machines/envelope.py --family",
                          {**journal.config, "members": [m.index for m in members], "confirm": args.confirm,
                           "journal": str(journal.path)}, argv=args.argv, outputs=outputs)
     return 0 if ok else 1

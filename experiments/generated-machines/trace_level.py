@@ -11,8 +11,8 @@ in few, full forwards; scattered finishes one or two at a time), and what the po
 the stretch's end (lockstep, lead, its own EMA of prompts per forward).  Last, its estimates in
 the level's bucket.  Simulated, seed 0 unless --seed.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/trace_level.py 0:72 63 --level-scale 4
-    PYTHONPATH=src .venv/bin/python benchmarks/trace_level.py 0:72 63 --spec goodput:lead=0.03
+    PYTHONPATH=src .venv/bin/python experiments/generated-machines/trace_level.py 0:72 63 --level-scale 4
+    PYTHONPATH=src .venv/bin/python experiments/generated-machines/trace_level.py 0:72 63 --spec goodput:lead=0.03
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ kernels count for the site that replayed it), and the kernels that take the most
 --spans NAME,... also sums the GPU time of kernels launched inside each named Python function
 (any depth, e.g. _draft_extend_for_prefill): what one phase of a step costs on the GPU.  Two arms'
 traces side by side show what the patched plain step adds over a plain server's step.
-    python benchmarks/trace_gaps.py --steps 30 plain=DIR_OR_FILE patched-never=DIR_OR_FILE
-    python benchmarks/trace_gaps.py --steps 12 --spans _draft_extend_for_prefill,_dynspec_plain_step A=DIR
+    python experiments/h200-real-sglang/trace_gaps.py --steps 30 plain=DIR_OR_FILE patched-never=DIR_OR_FILE
+    python experiments/h200-real-sglang/trace_gaps.py --steps 12 --spans _draft_extend_for_prefill,_dynspec_plain_step A=DIR
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ target's prefill is queued.  If that copy waits for the prefill, the scheduler c
 the next step while the prefill runs (the overlap a plain server keeps).  This queues about
 --busy-ms of matmuls, then times on the host one copy of --n int64 values, from pageable
 memory and from pinned memory, with non_blocking=True (the patch's call), and a blocking one.
-    python benchmarks/h2d_stall.py [--busy-ms 50] [--n 4096] [--repeats 5]
+    python experiments/h200-real-sglang/h2d_stall.py [--busy-ms 50] [--n 4096] [--repeats 5]
 """
 
 from __future__ import annotations

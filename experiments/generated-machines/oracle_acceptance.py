@@ -7,12 +7,12 @@ simulator holds: the mean over the running requests of their expected accepted d
 lead and everything else stay goodput's.  What is left below the switching server's best is then
 not the acceptance estimate's error (with fixed output lengths: the lock-step, docs/FAMILY_LOG.md).
 
-Reads the CSV (or .parquet) of `benchmarks/envelope.py --family N --out F.csv` (with
+Reads the CSV (or .parquet) of `experiments/generated-machines/envelope.py --family N --out F.csv` (with
 `--range-ratio R`, give the same R) and simulates, on its `--worst` lowest dynamic member-levels
 against max(never, EAGLE-3) and a seeded sample of `--sample` others, goodput as it is and the
 oracle with each given lead:
 
-    PYTHONPATH=src .venv/bin/python benchmarks/oracle_acceptance.py F.csv [--range-ratio 0.5] [--lead 0.05 0]
+    PYTHONPATH=src .venv/bin/python experiments/generated-machines/oracle_acceptance.py F.csv [--range-ratio 0.5] [--lead 0.05 0]
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Counts every call that would wait for the GPU on a GPU (`item`, `tolist`, `cpu`,
 `nonzero`, `Event.synchronize`, `.to("cpu")`) per call site, over the same greedy requests at
 concurrency 1 in both arms, divided by the decode steps, and prints the sites whose rate
 differs.  Which are real syncs depends on where each tensor lives on the GPU: read the site.
-    python benchmarks/sync_census.py [--requests 4] [--tokens 64] [--out census.json]
-    python benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --profile-steps 30 --out DIR/census.json
-    python benchmarks/sync_census.py --gpu --dummy llama-3.1-8b --concurrency 64 --requests 384 \
+    python experiments/h200-real-sglang/sync_census.py [--requests 4] [--tokens 64] [--out census.json]
+    python experiments/h200-real-sglang/sync_census.py --gpu --dummy llama-3.1-8b --profile-steps 30 --out DIR/census.json
+    python experiments/h200-real-sglang/sync_census.py --gpu --dummy llama-3.1-8b --concurrency 64 --requests 384 \
         --tokens 128 --prompt-len 256 --profile-steps 160 --profile-after 3 --no-census --out DIR/c64.json
 
 On a GPU only calls on tensors that live on the GPU count, and `--profile-steps N` also has

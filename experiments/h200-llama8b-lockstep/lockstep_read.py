@@ -7,7 +7,7 @@ per level, the prompts prefilled and forwards in it (differences of the counters
 steps and the speculative ones among them, and goodput's estimates after it (EMAs over the
 server's life, mostly that level's):
 
-    python benchmarks/lockstep_read.py RUN_DIR [RUN_DIR ...]
+    python experiments/h200-llama8b-lockstep/lockstep_read.py RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations

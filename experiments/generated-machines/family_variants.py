@@ -1,6 +1,6 @@
 """goodput variants on a generated family's hardest member-levels, and the closed loop's drain.
 
-Reads the CSV (or .parquet) that `benchmarks/envelope.py --family N --out F.csv` wrote (with
+Reads the CSV (or .parquet) that `experiments/generated-machines/envelope.py --family N --out F.csv` wrote (with
 `--range-ratio R` or `--level-scale K`, give the same here: the same seeded requests), takes the dynamic arm's
 `--worst` lowest member-levels (against the switching server's max(never, EAGLE-3)) and a seeded
 random sample of `--sample` others, and simulates each goodput spec given on them: min / p5 /
@@ -11,8 +11,8 @@ CSV instead (the dynamic arm alone, about 2 minutes a spec with `--jobs 2` where
 envelope run takes 12).  `--steady`: judge every arm over each level's steady state instead (the
 CSV's `steady_throughput`: the closed loop's first wave and drain left out).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/family_variants.py F.csv goodput goodput:lead=0.1
-    PYTHONPATH=src .venv/bin/python benchmarks/family_variants.py F.csv goodput:lead_apart=0.05 --all --jobs 2
+    PYTHONPATH=src .venv/bin/python experiments/generated-machines/family_variants.py F.csv goodput goodput:lead=0.1
+    PYTHONPATH=src .venv/bin/python experiments/generated-machines/family_variants.py F.csv goodput:lead_apart=0.05 --all --jobs 2
 
 With `--drain M:C ...`, instead: member M of the family at concurrency C with max(5C, 50) and
 max(20C, 50) prompts, EAGLE-3 / never and dynamic / max(never, EAGLE-3): how much of a level's

@@ -8,7 +8,7 @@ forward, so the level's wall time splits into forward_extend + forward_decode + 
 the GPU had no forward to run (the scheduler late, or no request to serve).  Arms are pooled by
 kind (their sim_arm in the run's config.yaml: baseline, eagle3, policy:never ...; without one,
 their policy column), and the last lines compare each kind with the first.
-    python benchmarks/gpu_time_split.py experiments/h200-llama8b-price/data/h200-llama8b-price-timed
+    python experiments/h200-llama8b-price/gpu_time_split.py experiments/h200-llama8b-price/data/h200-llama8b-price-timed
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 With fixed output lengths in a closed loop a plain server's requests finish in cohorts and
 their successors queue behind one another's prefill; randomized lengths (bench_serving's
 --random-range-ratio) break the cohorts.  Prints median TTFT and output tok/s per arm and level.
-    .venv/bin/python benchmarks/ttft_lockstep.py [--range-ratio 0.5]
+    .venv/bin/python experiments/generated-machines/ttft_lockstep.py [--range-ratio 0.5]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ holds the wave's later prefills), steady decode steps (gaps under --pause-ms) an
 gaps); per wave, the offsets from its first send to its first token, to its last first token and
 to its last request's end.  Arms are pooled by kind (their sim_arm in the run's config.yaml; without
 one, a name with "never" in it, else plain).
-    python benchmarks/wave_split.py data/runs/RUN [--out waves.csv]
+    python experiments/h200-llama8b-price/wave_split.py data/runs/RUN [--out waves.csv]
 Needs the run's requests/*.jsonl[.gz] (the sweep writes them; the committed H200 runs leave
 them out for size).
 """
