@@ -52,7 +52,7 @@ test: test-venv browser lint
 	$(PY) -m pytest -m slow
 
 # ruff and mypy (both configured in pyproject.toml): pyflakes, pycodestyle, bugbear; then the
-# types of the modules listed under [tool.mypy].
+# types of all of src (the simulator's and scheduler's modules also fully annotated).
 lint: test-venv
 	$(PY) -m ruff check src tests benchmarks experiments scripts notebooks
 	$(PY) -m mypy

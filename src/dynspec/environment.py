@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from importlib import metadata
 
 PACKAGES = ("torch", "sglang", "sgl-kernel", "flashinfer-python", "flashinfer", "triton", "transformers",
@@ -26,8 +27,8 @@ def _run(argv: list[str], timeout: float = 20.0) -> str | None:
     return r.stdout if r.returncode == 0 else None
 
 
-def package_versions(names=PACKAGES) -> dict[str, str | None]:
-    out = {}
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
     for name in names:
         try:
             out[name] = metadata.version(name)

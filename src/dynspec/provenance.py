@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import subprocess
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def config_data(config) -> dict:
 
 
 def build(command: str, config, *, argv: list[str] | None, profile: str | Path | None = None,
-          outputs: list[Path] = (), git_root: str | Path = REPO_ROOT) -> dict:
+          outputs: Sequence[Path] = (), git_root: str | Path = REPO_ROOT) -> dict:
     """The record of one command: argv is what was invoked (None when called as a library)."""
     return {
         "dynspec": version(),
@@ -117,7 +118,7 @@ def build(command: str, config, *, argv: list[str] | None, profile: str | Path |
 
 
 def write(path: str | Path, command: str, config, *, argv: list[str] | None, profile: str | Path | None = None,
-          outputs: list[Path] = ()) -> Path:
+          outputs: Sequence[Path] = ()) -> Path:
     """Build the record and write it whole at path (provenance.in_folder or provenance.beside)."""
     return write_json(path, build(command, config, argv=argv, profile=profile, outputs=outputs))
 

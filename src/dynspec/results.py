@@ -154,7 +154,7 @@ def summarize(
         duration = math.nan
     rated = bool(ok) and duration > 0
     good = good_requests(reqs, slo) if slo else None
-    row = {
+    row: dict[str, float | str] = {
         "completed": len(ok),
         "failed": len(reqs) - len(ok),
         "duration_s": duration,

@@ -81,7 +81,7 @@ def trace_split(path: Path, gap_s: float = 0.5) -> list[dict]:
         steps = [r for r in seg if r[1] != "F"]
         if len(steps) < 20:
             continue
-        steady = {"S": [], "P": []}
+        steady: dict[str, list[float]] = {"S": [], "P": []}
         for a, b, c in zip(seg, seg[1:], seg[2:]):
             if a[1] == b[1] == c[1] != "F":
                 steady[b[1]].append(b[0] - a[0])

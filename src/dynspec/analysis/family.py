@@ -77,6 +77,7 @@ class Member(Model):
         if self.shape in ("falling", "flat-then-falling"):
             if b <= self.knee:
                 return self.gain_1
+            assert self.crossover is not None  # member() draws one for the falling shapes
             # log G falls linearly in log b from gain_1 at the knee to 1 at the crossover, and on.
             g = math.exp(math.log(self.gain_1) * (1.0 - (lb - math.log(self.knee)) /
                                                    (math.log(self.crossover) - math.log(self.knee))))
@@ -307,7 +308,7 @@ def confirm_levels(task: tuple[Member, tuple[int, ...], tuple[int, ...], float, 
     for c in cs:
         work = level_requests(m, c, range_ratio, level_scale)
         for s in seeds:
-            row = {"member": m.index, "concurrency": c, "sim_seed": s}
+            row: dict[str, float] = {"member": m.index, "concurrency": c, "sim_seed": s}
             for name, arm in CONFIRM_ARMS.items():
                 row[name], row[f"steady_{name}"] = level_throughputs(p, arm, c, s, **work)
             rows.append(row)

@@ -270,7 +270,7 @@ class _ExternalRefs(HTMLParser):
     ATTRS = {"script": "src", "link": "href", "img": "src", "iframe": "src", "source": "src", "video": "src",
              "audio": "src", "embed": "src", "object": "data"}
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.found: list[str] = []
 
@@ -343,7 +343,7 @@ def _index_row(run_id: str, s: dict) -> str:
     if x.get("status") == "crosses":
         cross = f"C≈{two_figures(x['concurrency'])}"  # interpolated between two levels: no finer
     else:
-        cross = {"never-pays": "never pays", "always-pays": "always pays"}.get(x.get("status"), "–")
+        cross = {"never-pays": "never pays", "always-pays": "always pays"}.get(x.get("status", ""), "–")
     best = s.get("best_policy")
     best_txt = "–" if not best else f"{best['arm']}: {best['mean_of_envelope']:.1%} (worst {best['worst_of_envelope']:.1%})"
     backend = s.get("backend", "")

@@ -104,7 +104,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
 
     measured = [x for x in df[df["arm"] == eagle3_arm]["accept_length"] if not math.isnan(x)]
     accept_given = accept_length is not None
-    if not accept_given:
+    if accept_length is None:
         if not measured:
             raise FitError(f"{results}: arm {eagle3_arm!r} reports no accept_length; give --accept-length")
         accept_length = statistics.fmean(measured)

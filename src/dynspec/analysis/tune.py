@@ -24,7 +24,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -32,7 +32,8 @@ from dynspec.io.atomic import write_text
 from dynspec.models import Model, cli_options, validation_message
 from dynspec.roles import arms_by_role
 
-TARGETS = ("sglang-adaptive", "vllm", "trtllm", "threshold")
+Target = Literal["sglang-adaptive", "vllm", "trtllm", "threshold"]
+TARGETS: tuple[Target, ...] = ("sglang-adaptive", "vllm", "trtllm", "threshold")
 OBJECTIVES = ("mean-ratio", "min-ratio", "total")
 METRIC = "output_throughput"
 
@@ -45,7 +46,7 @@ class TuneConfig(Model):
     """What `dynspec tune` was asked, parsed once from the command line and saved beside its output."""
 
     results: Path
-    targets: tuple[Literal["sglang-adaptive", "vllm", "trtllm", "threshold"], ...] = TARGETS
+    targets: tuple[Target, ...] = TARGETS
     num_steps: int | None = Field(None, ge=1, le=64)  # the spec arm's speculative_num_steps
     baseline_arm: str | None = None
     spec_arm: str | None = None
@@ -78,9 +79,16 @@ class Level:
             raise TuneError(f"C={self.concurrency}: no envelope without both arms")
         return env
 
+    def mean(self, spec: bool) -> float:
+        """One arm's mean (the speculating one's, or the baseline's); only asked of a complete level."""
+        value = self.spec if spec else self.baseline
+        if value is None:
+            raise TuneError(f"C={self.concurrency}: no {'spec' if spec else 'baseline'} arm")
+        return value
+
     @property
     def spec_wins(self) -> bool:
-        return self.spec > self.baseline
+        return self.mean(spec=True) > self.mean(spec=False)
 
 
 # --- reading the sweep ----------------------------------------------------------------
@@ -154,7 +162,7 @@ def load_levels(cfg: TuneConfig):
 
 def modelled(levels: list[Level], cutoff: int) -> list[float]:
     """Throughput a cutoff would have given at each complete level (running batch ~ concurrency)."""
-    return [lv.spec if lv.concurrency <= cutoff else lv.baseline for lv in levels]
+    return [lv.mean(spec=lv.concurrency <= cutoff) for lv in levels]
 
 
 def score(levels: list[Level], cutoff: int, objective: str) -> float:
@@ -235,7 +243,7 @@ def trtllm(cutoff: int, k: int | None) -> dict:
     if cutoff == 0:
         return _refused("speculation lost at every measured level: serve without a speculative_config "
                         "(max_concurrency must be > 0)")
-    out = {"config": {"max_concurrency": cutoff}, "notes": [
+    out: dict[str, Any] = {"config": {"max_concurrency": cutoff}, "notes": [
         f"max_concurrency={cutoff}: speculation is disabled at batch sizes above it (PyTorch backend only); "
         "max_concurrency and draft_len_schedule are mutually exclusive: set one"]}
     if k is None:

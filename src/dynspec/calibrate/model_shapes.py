@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dynspec.io.jsonl import read_json
 
@@ -70,10 +71,10 @@ _HF_OPTIONAL = {"num_key_value_heads": "kv_heads", "rope_theta": "rope_theta", "
 
 def dims_from_hf_config(path: Path) -> ModelDims:
     """A dense decoder's shapes from its Hugging Face config.json (nothing downloaded)."""
-    cfg = read_json(path, ShapeError)  # unreadable, not UTF-8, not JSON or nested too deeply: one line
-    if not isinstance(cfg, dict):
+    root = read_json(path, ShapeError)  # unreadable, not UTF-8, not JSON or nested too deeply: one line
+    if not isinstance(root, dict):
         raise ShapeError(f"{path}: a config.json is a JSON object")
-    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    cfg: dict[str, Any] = root.get("text_config", root)  # multimodal configs nest the language model's
     if any(k in cfg for k in ("num_local_experts", "n_routed_experts", "num_experts")):
         raise ShapeError(f"{path}: a mixture-of-experts model; calibrate builds dense Llama-style decoders only")
     missing = [k for k in _HF_KEYS if not isinstance(cfg.get(k), int)]

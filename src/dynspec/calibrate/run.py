@@ -147,7 +147,8 @@ class CalibrateConfig(Model):
                              f"({self.dims.vocab})")
         return self
 
-    @computed_field  # recorded with the options: the shapes they resolved to
+    # Recorded with the options: the shapes they resolved to.
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented form, which mypy cannot follow
     @cached_property
     def dims(self) -> ModelDims:
         return resolve_shape(self.shape)

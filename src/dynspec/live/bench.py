@@ -329,8 +329,8 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         for t in done:
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()
+            if not t.cancelled() and (exc := t.exception()) is not None:
+                raise exc
         if bar is not None:
             bar.close()
     finally:

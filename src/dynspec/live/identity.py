@@ -50,7 +50,7 @@ def output_mismatches(run_dir: str | Path, reference: str | None = None) -> pd.D
     arms = list(dict.fromkeys(rows["arm"]))
     if reference is None:
         reference = "baseline" if "baseline" in arms else arms[0] if arms else None
-    if reference not in arms:
+    if reference is None or reference not in arms:
         raise IdentityError(f"{run_dir}: no arm {reference!r} to compare with (arms: {', '.join(arms)})")
     out = []
     for (conc, rate, rep), level in rows.groupby(["concurrency", "request_rate", "repeat"]):

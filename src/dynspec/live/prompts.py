@@ -128,6 +128,7 @@ def _records(path: Path, what: str) -> list[tuple[str, object]]:
     text = read_text(path, PromptError).lstrip()
     if text.startswith("["):
         data = read_json(path, PromptError)
+        assert isinstance(data, list)  # JSON text that opens with "[" is a list
         return [(f"{path}: item {i}", v) for i, v in enumerate(data)]
     if not text.startswith("{"):
         raise PromptError(f"{path}: a {what} file is a JSON list or JSON Lines of objects")
@@ -135,7 +136,7 @@ def _records(path: Path, what: str) -> list[tuple[str, object]]:
 
 
 def _read_sharegpt(path: Path, count) -> list[tuple[Prompt, int | None]]:
-    out = []
+    out: list[tuple[Prompt, int | None]] = []
     for _, conv in _records(path, "ShareGPT"):
         turns = conv.get("conversations", conv.get("conversation")) if isinstance(conv, dict) else None
         # As bench_serving: the first turn is the prompt; conversations need two turns.
@@ -148,7 +149,7 @@ def _read_sharegpt(path: Path, count) -> list[tuple[Prompt, int | None]]:
 
 
 def _read_mtbench(path: Path, count) -> list[tuple[Prompt, int | None]]:
-    out = []
+    out: list[tuple[Prompt, int | None]] = []
     for where, q in _records(path, "MT-bench question"):
         turns = q.get("turns") if isinstance(q, dict) else None
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
@@ -180,8 +181,9 @@ def file_prompts(source: str, path: str | Path, n: int, output_len: int, *, seed
         pool = [(p, o) for p, o in pool if o is not None]  # as bench_serving: unusable rows are left out
     random.Random(seed).shuffle(pool)
     chosen = [pool[i % len(pool)] for i in range(n)]
+    outs: list[int]
     if output_lens == "dataset":
-        outs = [o for _, o in chosen]
+        outs = [o for _, o in chosen if o is not None]  # all of them: the pool kept known lengths only
     elif output_lens == "range":
         outs = draw_lengths(random.Random(f"lengths-{seed}"), n, output_len, range_ratio)
     else:

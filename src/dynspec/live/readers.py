@@ -98,7 +98,7 @@ def _text(v, where: str) -> str:
     return v
 
 
-def _repeat(seen: dict, arm: str, c: int) -> int:
+def _repeat(seen: dict[tuple[str, tuple[int, float]], int], arm: str, c: tuple[int, float]) -> int:
     r = seen.get((arm, c), 0)
     seen[(arm, c)] = r + 1
     return r
@@ -143,7 +143,7 @@ def _metrics(obj: dict, accept_key: str, e2e_key: str, where: str) -> dict:
     return metrics
 
 
-def bench_serving_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "",
+def bench_serving_row(obj: object, *, where: str, arm: str | None = None, run_id: str = "",
                       profile: str = "", backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput", "mean_ttft_ms"))
     c, rate = _level(obj, where)
@@ -160,7 +160,8 @@ def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str 
     path = Path(path)
     if not path.is_file():
         raise ReaderError(f"{path}: no such file")
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict[tuple[str, tuple[int, float]], int] = {}
     for i, obj in read_jsonl(path, ReaderError):
         row = bench_serving_row(obj, where=f"{path}:{i}", arm=arm, run_id=run_id or path.stem,
                                 profile=profile, backend=backend)
@@ -171,7 +172,7 @@ def read_bench_serving(path: str | Path, *, arm: str | None = None, run_id: str 
     return rows
 
 
-def vllm_row(obj: dict, *, where: str, arm: str | None = None, run_id: str = "", profile: str = "",
+def vllm_row(obj: object, *, where: str, arm: str | None = None, run_id: str = "", profile: str = "",
              backend: str = "live", repeat: int = 0) -> dict:
     obj = _check(obj, where, ("completed", "duration", "output_throughput"))
     c, rate = _level(obj, where)
@@ -212,7 +213,7 @@ def read_external(path: str | Path, **kwargs) -> list[dict]:
 
 def merge_repeats(rows: list[dict]) -> list[dict]:
     """Number repeats across files: the n-th run of (arm, concurrency) gets repeat n."""
-    seen: dict = {}
+    seen: dict[tuple[str, tuple[int, float]], int] = {}
     for row in rows:
         row["repeat"] = _repeat(seen, row["arm"], (row["concurrency"], row["request_rate"]))
     return rows

@@ -191,6 +191,7 @@ class ArmServer:
         self.startup_timeout, self.shutdown_grace = startup_timeout, shutdown_grace
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0  # time.monotonic() at start()
+        self.healthy_after: float | None = None  # seconds to healthy, where the starter measures it
 
     @property
     def base_url(self) -> str:
@@ -272,6 +273,8 @@ class ArmServer:
         return self.proc.returncode
 
     def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
         try:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):

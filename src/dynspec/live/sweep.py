@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dynspec.io.atomic import open_append, write_json, write_text
 from dynspec.live.config import ConfigError, Level, SweepConfig, bench_serving_problem, check_live, level_name, \
@@ -39,6 +40,9 @@ from dynspec.io.jsonl import read_json
 from dynspec.results import ResultsWriter, level_key, make_row, read_rows, summarize
 from dynspec.live.server_info import dynspec_state
 from dynspec.io.typed_yaml import read_yaml
+
+if TYPE_CHECKING:
+    from dynspec.live.servers import ArmServer
 
 log = logging.getLogger("dynspec.live.sweep")
 
@@ -333,8 +337,8 @@ class _Sweep:
         # An emulator runs time_scale times faster than its profile: rows are written on the
         # profile's clock (requests scaled before they are summarized), offered rates sent faster.
         self.time_scale = cfg.emulate.time_scale if backend == "emulate" else 1.0
-        self.server = None  # the server of the arm being measured
-        self.servers: dict = {}  # every server up now, by arm name
+        self.server: ArmServer | None = None  # the server of the arm being measured
+        self.servers: dict[str, ArmServer] = {}  # every server up now, by arm name
         self.rows_written = 0
         self.failures = 0
         # Progress: "level k/N" and an ETA from the levels measured so far in this session.
@@ -428,9 +432,9 @@ class _Sweep:
 
     def measure_on(self, arm, lv: Level, r: int, left: list) -> bool:
         """One level on the arm's running server; False (and the rest of `left` failed) if it has died."""
-        self.server = self.servers[arm.name]
-        if not self.server.alive():
-            self.fail_levels(arm, left, f"server exited with code {self.server.returncode} before this level")
+        self.server = server = self.servers[arm.name]
+        if not server.alive():
+            self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
             return False
         try:
             self.server_level(arm, lv, r)
@@ -483,11 +487,13 @@ class _Sweep:
         entry = {"command": argv, "env": arm.env, "port": port, "started": _now()}
         self.run.info["servers"][arm.name] = entry
         server.start()
+        assert server.proc is not None  # start() either started it or raised
         entry["pid"] = server.proc.pid
         self.run.save_info()
 
-    def _wait_healthy(self, server) -> None:
+    def _wait_healthy(self, server: ArmServer) -> None:
         server.wait_healthy()
+        assert server.proc is not None  # healthy: it was started
         entry = self.run.info["servers"][server.name]
         entry["healthy_after_s"] = round(time.monotonic() - server.started_at, 2)  # since its launch
         self.run.save_info()
@@ -507,6 +513,11 @@ class _Sweep:
             log.info("arm %s: server stopped (exit code %s)", n, code)
             if self.server is server:
                 self.server = None
+
+    def _measured(self) -> ArmServer:
+        """The server of the arm being measured (measure_on sets it)."""
+        assert self.server is not None, "no arm is being measured"
+        return self.server
 
     # Levels ---------------------------------------------------------------------------------
     def sim_level(self, arm, lv: Level, r: int) -> None:
@@ -536,7 +547,7 @@ class _Sweep:
         from dynspec.live.bench import write_requests
         from dynspec.live.servers import level_counters
 
-        cfg, server = self.cfg, self.server
+        cfg, server = self.cfg, self._measured()
         name = level_name(arm.name, lv, r)
         driver = cfg.driver_for(arm, self.backend)
         if driver == "dynspec":
@@ -569,12 +580,12 @@ class _Sweep:
         write_json(self.run.dir / "scrapes" / f"{name}.json",
                     {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset,
                      "driver": driver})
-        block = dynspec_state(after.server_info)
-        policy = block.get("policy") if block and block.get("policy") else _expected_policy(cfg, arm, self.backend)
+        block = dynspec_state(after.server_info) or {}
+        policy = block.get("policy") or _expected_policy(cfg, arm, self.backend)
         self.append(arm, lv, r, policy, metrics)
 
     def _common(self, arm) -> dict:
-        cfg, server = self.cfg, self.server
+        cfg, server = self.cfg, self._measured()
         return dict(api=arm.api, model=cfg.model if self.backend == "live" else None,
                     request_timeout=cfg.timeouts.request_s, should_stop=lambda: not server.alive())
 
@@ -587,7 +598,7 @@ class _Sweep:
             return
         seed = level_seed(cfg.seed, lv, r) + 7919
         warm = build_prompts(cfg.prompts, cfg.warmup_requests, cfg.input_len, cfg.output_len, seed)
-        w = run_level(self.server.base_url, warm, min(len(warm), lv.concurrency or len(warm)), **self._common(arm),
+        w = run_level(self._measured().base_url, warm, min(len(warm), lv.concurrency or len(warm)), **self._common(arm),
                       level_timeout=cfg.timeouts.level_s)
         if w.failed:
             log.warning("%s: %d of %d warm-up requests failed (%s)", name, w.failed, len(warm),
@@ -603,7 +614,7 @@ class _Sweep:
         prompts = build_prompts(cfg.prompts, cfg.prompts_for(lv), cfg.input_len, cfg.output_len, seed)
         arrivals = None if lv.closed else \
             [t / self.time_scale for t in arrival_times(len(prompts), lv.rate, cfg.burstiness, seed)]
-        result = run_level(self.server.base_url, prompts, lv.concurrency, **self._common(arm),
+        result = run_level(self._measured().base_url, prompts, lv.concurrency, **self._common(arm),
                            level_timeout=cfg.timeouts.level_s, progress=self.progress, desc=name, arrivals=arrivals)
         records = result.requests
         if self.time_scale != 1.0:
@@ -614,7 +625,7 @@ class _Sweep:
         """The real `python -m sglang.bench_serving` of the server's environment, one run per level."""
         from dynspec.sglang.bench_serving import DriverError, measure_level
 
-        cfg, server = self.cfg, self.server
+        cfg, server = self.cfg, self._measured()
         try:
             metrics, records = measure_level(cfg, arm, lv, host=server.host, port=server.port,
                                              num_prompts=cfg.prompts_for(lv), seed=level_seed(cfg.seed, lv, r),

@@ -22,6 +22,7 @@ import hashlib
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 VERSION = "0.5.9"
@@ -107,7 +108,7 @@ def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> di
 
 
 def server_argv(model: str | Path, port: int, *, host: str = "127.0.0.1", draft: str | Path | None = None,
-                gpu: bool = False, extra: list[str] = ()) -> list[str]:
+                gpu: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """`python -m sglang.launch_server ...` for a tiny model on this machine."""
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
             "--host", host, "--port", str(port)]

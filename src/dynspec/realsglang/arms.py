@@ -15,6 +15,7 @@ import json
 import os
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ class Arm:
     site: Path | None = None  # an sglang copy other than the cached upstream/patched one
 
 
-def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: list[str] = (),
+def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: Sequence[str] = (),
                startup_timeout: float = 900.0) -> ArmServer:
     site = arm.site or realsglang.sglang_site(arm.patched)
     # Only what the server needs beyond the caller's environment (ArmServer adds that back).

@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 
 _counts: collections.Counter = collections.Counter()
 _lock = threading.Lock()
@@ -33,7 +34,7 @@ _HERE = os.path.abspath(__file__)
 
 def _site(kind: str) -> str:
     """`kind` at the first frame outside torch and this module: 'file.py:line func kind'."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None and (_TORCH in f.f_code.co_filename or f.f_code.co_filename == _HERE):
         f = f.f_back
     if f is None:
@@ -111,7 +112,7 @@ def install(folder: str | os.PathLike) -> None:
     gpu = torch.cuda.is_available()  # then only tensors on the GPU count: residency is known
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero"):
         setattr(T, name, _counted(name, getattr(T, name), on_device_only=gpu))
-    T.to = _to_cpu(T.to, on_device_only=gpu)
+    T.to = _to_cpu(T.to, on_device_only=gpu)  # type: ignore[method-assign]  # counting torch's own method
     torch.nonzero = _counted("torch.nonzero", torch.nonzero, on_device_only=gpu)
     for mod in ("cuda", "cpu"):
         event = getattr(getattr(torch, mod, None), "Event", None)

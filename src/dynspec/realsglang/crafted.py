@@ -184,7 +184,9 @@ def write(out: str | Path, c: Crafted, *, device: str = "cpu", dtype: str = "bfl
         tokenizer_files(folder, c.dims.vocab)
     cast = getattr(torch, dtype)
     tensors, head_tensors, g = build(c, device)
-    index, shard, size, n = {}, {}, 0, 0
+    index: dict[str, str] = {}  # tensor name -> its shard file
+    shard: dict[str, torch.Tensor] = {}
+    size, n = 0, 0
 
     def flush():
         nonlocal shard, size, n

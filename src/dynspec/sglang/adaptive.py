@@ -237,6 +237,7 @@ def build_adaptive_policy(
         return None
     if asked is None:
         return None
+    why: str | None
     if spec_steps < 1:
         why = (f"speculative_num_steps is {spec_steps}, so there is no speculative state to switch to")
     else:

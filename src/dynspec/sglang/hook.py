@@ -224,7 +224,7 @@ class Controller:
         self._dirty = False  # a prefill was launched since the last decode result
         self._gap = False  # the next result's step was launched after the last result (note_gap)
         self._lock = threading.Lock()  # stats() may be read from another thread
-        self._prom = None
+        self._prom: _PromExporter | None = None
         self.trace: StepTrace | None = None  # DYNSPEC_STEP_TRACE (load_controller)
 
     def _use_sync(self, sync: SyncHook | None) -> None:
@@ -367,7 +367,8 @@ class Controller:
     def _agree(self) -> None:
         """One all-reduce: the policy's values, then "failed", then one checksum slot per
         rank (each rank fills its own), so every rank reads every rank's checksum."""
-        pol, k, n = self.policy, self._n_values, self.tp_size
+        pol, k, n, sync = self.policy, self._n_values, self.tp_size, self.sync
+        assert sync is not None  # only called while agreeing, which needs the hook
         values, check = [0.0] * k, 0
         if not pol.failed:
             try:
@@ -381,7 +382,7 @@ class Controller:
         slots = [0.0] * n
         slots[self.tp_rank] = float(check)
         try:
-            agreed = self.sync(values + [1.0 if pol.failed else 0.0] + slots)
+            agreed = sync(values + [1.0 if pol.failed else 0.0] + slots)
             if len(agreed) != k + 1 + n:
                 raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {k + 1 + n}")
         except Exception as exc:  # noqa: BLE001 - no agreement possible: stop deciding here
@@ -601,7 +602,7 @@ def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
         logger.warning("dynspec: the TP min hook failed (%s); dynspec is OFF on TP rank %d", exc, tp_rank)
         return None
-    if agreed < 1.0:
+    if agreed < 1.0 or ctl is None:  # without a controller here the MIN is 0
         if ctl is not None:
             _warn(logger, tp_rank, "dynspec: could not start on every TP rank; dynspec is OFF on every rank "
                   "and the server speculates on every step as configured")

@@ -15,7 +15,7 @@ the spec and copied into the profile's provenance.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -132,7 +132,7 @@ def catch_up_shares(spec: FitSpec) -> tuple[list[float], list[float] | None, lis
         raise FitError(f"catch_up_from: profile {src.name} has no catchup_ms and resume_ms (calibrate it again)")
     ctx = None
     if src.context_aware:  # the workload's mean context, within the measured ones (shares, not times)
-        measured = [t.context_len for t in src.steps]
+        measured = [t.context_len for t in src.steps if t.context_len is not None]  # several tables: all have one
         ctx = min(max(spec.workload.input_len + spec.workload.output_len / 2, measured[0]), measured[-1])
     bs = [t.concurrency for t in spec.targets]
     cu = [round(src.catch_up_time(b, ctx) / src.plain_time(b, ctx), 5) for b in bs]
@@ -154,7 +154,7 @@ def build_profile(spec: FitSpec, plain_ms: list[float], spec_ms: list[float], co
                   shares: tuple | None = None) -> Profile:
     cu, res, notes = shares or catch_up_shares(spec)
     catch_up = [round(f * x, 4) for f, x in zip(cu, plain_ms)] if any(cu) or res is not None else None
-    columns = ({"extend_ms": catch_up} if res is None else
+    columns: dict[str, Any] = ({"extend_ms": catch_up} if res is None else
                {"catchup_ms": catch_up, "resume_ms": [round(f * x, 4) for f, x in zip(res, plain_ms)]})
     return Profile(
         name=spec.name, description=spec.description, hardware=spec.hardware, model=spec.model,
@@ -189,13 +189,19 @@ def target_values(spec: FitSpec, simulated: dict[tuple[str, int], float]) -> dic
         if t.eagle3 is not None:
             want[("eagle3", t.concurrency)] = t.eagle3
         else:
+            assert t.eagle3_speedup is not None  # Target: eagle3 or eagle3_speedup (FitSpec._check)
             want[("eagle3", t.concurrency)] = t.eagle3_speedup * simulated[("baseline", t.concurrency)]
     return want
 
 
+def _sloped_plain_ms(spec: FitSpec, first_ms: float, concurrency: int) -> float:
+    """A knot without a baseline target: the first knot's plain step plus plain_slope_ms per extra request."""
+    assert spec.plain_slope_ms is not None  # FitSpec._check: given whenever a target has no baseline
+    return first_ms + spec.plain_slope_ms * (concurrency - spec.targets[0].concurrency)
+
+
 def fit(spec: FitSpec, *, max_iter: int = 40, command: str | None = None, log=None) -> tuple[Profile, list[dict]]:
     """Fit knot step times; return the profile and a table of target vs simulated figures."""
-    cs = [t.concurrency for t in spec.targets]
     accept = spec.acceptance.accept_length
     # Start from steady state: a full batch of C emits C tokens per plain step.
     plain = []
@@ -203,12 +209,13 @@ def fit(spec: FitSpec, *, max_iter: int = 40, command: str | None = None, log=No
         if t.baseline is not None:
             plain.append(1000.0 * t.concurrency / t.baseline)
         else:
-            plain.append(plain[0] + spec.plain_slope_ms * (t.concurrency - cs[0]))
+            plain.append(_sloped_plain_ms(spec, plain[0], t.concurrency))
     specs_ = []
     for t, tp in zip(spec.targets, plain):
         if t.eagle3 is not None:
             specs_.append(1000.0 * t.concurrency * accept / t.eagle3)
         else:
+            assert t.eagle3_speedup is not None  # Target: eagle3 or eagle3_speedup (FitSpec._check)
             specs_.append(tp * accept / t.eagle3_speedup)
     shares = catch_up_shares(spec)
     for it in range(max_iter):
@@ -228,7 +235,7 @@ def fit(spec: FitSpec, *, max_iter: int = 40, command: str | None = None, log=No
             specs_[i] *= sim[("eagle3", t.concurrency)] / want[("eagle3", t.concurrency)]
         for i, t in enumerate(spec.targets):
             if t.baseline is None:
-                plain[i] = plain[0] + spec.plain_slope_ms * (t.concurrency - cs[0])
+                plain[i] = _sloped_plain_ms(spec, plain[0], t.concurrency)
     table = []
     for (arm, c), v in want.items():
         table.append({"arm": arm, "concurrency": c, "target": v, "simulated": sim[(arm, c)],

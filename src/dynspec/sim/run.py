@@ -108,9 +108,11 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
             on_step(engine, step)
         for req in step.finished:
             in_flight -= 1
+            end, first, itls = req.finish_time, req.first_token_time, req.itls
+            assert end is not None and first is not None and itls is not None  # all set once it finished
             records.append(RequestRecord(
-                start=req.submit_time, end=req.finish_time, output_tokens=req.generated,
-                input_tokens=req.input_len, ttft=req.first_token_time - req.submit_time, itls=req.itls))
+                start=req.submit_time, end=end, output_tokens=req.generated,
+                input_tokens=req.input_len, ttft=first - req.submit_time, itls=itls))
     st = engine.stats
     metrics = summarize(records, percentiles=percentiles, slo=slo, accept_length=st.accept_length,
                         spec_step_fraction=st.spec_step_fraction, switches=st.switches)

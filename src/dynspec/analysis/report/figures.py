@@ -110,7 +110,8 @@ def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = Non
     if reference is not None and len(reference):
         base, spec = roles(levels)
         colours = palette(levels)
-        role_colour = {"baseline": colours.get(base, "0.25"), "eagle3": colours.get(spec, "tab:red")}
+        role_colour = {role: colours.get(arm, fallback) if arm is not None else fallback
+                       for role, arm, fallback in (("baseline", base, "0.25"), ("eagle3", spec, "tab:red"))}
         for arm, r in reference.groupby("arm"):
             r = r.sort_values("concurrency")
             ax.plot(r["concurrency"], r["output_throughput"], linestyle="none", marker="s", markersize=9,
@@ -156,7 +157,7 @@ def envelope_figure(levels: pd.DataFrame):
 def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
     """TTFT and TPOT at each percentile (one line style each), per arm."""
     plt, sns = _style()
-    long = []
+    parts = []
     stats = [percentile_label(p) for p in percentiles]
     for metric in ("ttft", "tpot"):
         for stat in stats:
@@ -164,8 +165,8 @@ def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
             if col not in levels:
                 continue
             d = levels[["arm", "concurrency", col]].rename(columns={col: "ms"})
-            long.append(d.assign(metric=metric.upper(), percentile=stat))
-    long = pd.concat(long).dropna(subset=["ms"])
+            parts.append(d.assign(metric=metric.upper(), percentile=stat))
+    long = pd.concat(parts).dropna(subset=["ms"])
     order = [a for a in arm_order(levels) if a in set(long["arm"])]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     for ax, metric in zip(axes, ("TTFT", "TPOT")):
@@ -276,12 +277,12 @@ def forward_curve_figure(profiles: list[Profile]):
     tokens gets there at a k+1 times smaller batch than a plain step. None when no profile has one."""
     import matplotlib.pyplot as plt
 
-    tables = [(p, t) for p in profiles for t in p.steps if t.forward_ms]
+    tables = [(p, t, t.forward_ms) for p in profiles for t in p.steps if t.forward_ms]
     if not tables:
         return None
     fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.8), squeeze=False, sharey=True)
-    for ax, (p, t) in zip(axes[0], tables):
-        for q, ms in sorted(t.forward_ms.items()):
+    for ax, (p, t, forward_ms) in zip(axes[0], tables):
+        for q, ms in sorted(forward_ms.items()):
             ax.plot([b * q for b in t.batch_size], ms, marker="o", ms=3, label=f"q={q}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -223,12 +223,12 @@ def _shown(path: Path) -> str:
 
 def run_details(run: Run) -> str:
     """Where the run lives, its status and the machine it ran on, as Markdown."""
-    machine, packages, _ = environment_tables(run.environment) if run.environment else (None, None, None)
     lines = [f"- Run folder: `{_shown(run.run_dir)}`"]
     for key in ("status", "started", "finished"):
         if key in run.meta:
             lines.append(f"- {key}: {run.meta[key]}")
-    if machine is not None:
+    if run.environment:
+        machine, packages, _ = environment_tables(run.environment)
         m = dict(zip(machine["item"], machine["value"]))
         lines.append(f"- Machine: {m.get('GPUs')}; driver {m.get('driver')}; CUDA {m.get('CUDA (driver)')}")
         v = {r.package: r.version for r in packages.itertuples()}

@@ -135,6 +135,7 @@ class LoadCrossover:
     def describe(self) -> str:
         who = "EAGLE-3" if self.arm == "eagle3" else f"EAGLE-3 (`{self.arm}`)"
         if self.status == "crosses":
+            assert self.between is not None and self.concurrency is not None  # both set when it crosses
             lo, hi = self.between
             # Two significant figures: the point is interpolated between two measured levels.
             return (f"{who} stops paying between C={lo} and C={hi} "

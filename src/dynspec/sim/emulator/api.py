@@ -221,6 +221,7 @@ def error_response(status: int, message: str, openai: bool = False):
     """The one-line JSON error body SGLang answers with: OpenAI's shape or its native one."""
     from aiohttp import web
 
+    body: dict[str, object]
     if openai:  # SGLang's OpenAI-compatible ErrorResponse
         body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
     else:  # SGLang's native endpoints: {"error": {"message": ...}}

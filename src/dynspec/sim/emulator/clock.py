@@ -121,6 +121,7 @@ class Emulator:
             eng.advance_to(self.virtual_now())  # idle: the next step starts now
         stream.req = eng.submit(input_len, output_len, context=stream)
         self.requests_total += 1
+        assert self._work is not None, "submit after start()"
         self._work.set()
 
     def abort(self, stream: Stream) -> None:
@@ -129,14 +130,15 @@ class Emulator:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        eng = self.engine
+        eng, work = self.engine, self._work
+        assert work is not None  # start() makes it before this task
         try:
             while True:
-                if not eng.has_work():
-                    self._work.clear()
-                    await self._work.wait()
-                    continue
                 step = eng.step()
+                if step is None:  # nothing waiting or running
+                    work.clear()
+                    await work.wait()
+                    continue
                 deadline = self.t0 + step.end / self.scale
                 delay = deadline - loop.time()
                 if delay > 0:
