@@ -216,3 +216,56 @@ def test_a_journal_that_cannot_be_finished_changes_nothing(tree):
     with pytest.raises(patching.Refusal, match="cannot finish the interrupted apply"):
         patching.do_apply(target)
     assert tree_hashes(tree) == before
+
+
+def test_a_second_command_is_refused_while_the_first_holds_the_tree(tree, capsys):
+    """A second apply must not take the first one's live journal for a crashed one and finish it."""
+    from dynspec.cli import main
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "apply", str(tree), "1"], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "journal"  # the child now sleeps with its journal live
+        during = tree_hashes(tree)
+        for op in ("apply", "revert", "status"):
+            code = main(["patch", op, "--sglang-path", str(tree)])
+            out = capsys.readouterr()
+            assert code == 2 and out.out == "", (op, out)
+            assert f"another dynspec patch command (pid {proc.pid})" in out.err and out.err.count("\n") == 1
+        assert tree_hashes(tree) == during
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+    # its lock went with it; the next command finishes what it started
+    assert main(["patch", "apply", "--sglang-path", str(tree)]) == 0
+    assert capsys.readouterr().out.startswith("finished an interrupted apply")
+    assert state(tree) == patching.PATCHED
+
+
+RACER = textwrap.dedent("""
+    import random, sys
+    from dynspec.sglang import patching
+    random.seed(int(sys.argv[2]))
+    target = patching.find_sglang(sys.argv[1])
+    for _ in range(4):
+        op = random.choice([patching.do_apply, patching.do_revert])
+        try:
+            op(target)
+        except patching.Refusal as exc:
+            assert "another dynspec patch command" in str(exc), exc
+""")
+
+
+def test_concurrent_commands_never_leave_a_half_patched_tree(tree):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pristine = tree_hashes(tree)
+    for rnd in range(3):
+        procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tree), str(rnd * 100 + i)], env=env,
+                                  stderr=subprocess.PIPE, text=True) for i in range(12)]
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+        assert all(p.returncode == 0 for p in procs), errs
+        assert state(tree) in (patching.PATCHED, patching.UNPATCHED)
+    patching.do_revert(patching.find_sglang(tree))
+    assert tree_hashes(tree) == pristine

@@ -3,6 +3,8 @@ across crashes.  A refusal is one line for the user and changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -10,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 BACKUP_DIR = ".dynspec-backup"
 
@@ -35,6 +37,40 @@ class Target:
     @property
     def backup(self) -> Path:
         return self.pkg / BACKUP_DIR
+
+
+# --- one command at a time ------------------------------------------------------------
+#
+# A second apply or revert must not take the first one's live journal for a crashed one.  The
+# lock is flock(2) on a file beside the system's temporary files (the tree itself stays as it
+# was), so it goes with its holder however that exits: no stale lock to break.
+
+
+def lock_path(target: Target) -> Path:
+    key = sha256(str(target.pkg.resolve()).encode())[:16]
+    return Path(tempfile.gettempdir()) / f"dynspec-patch-{key}.lock"
+
+
+@contextlib.contextmanager
+def exclusive(target: Target) -> Iterator[None]:
+    """Hold the tree's lock for the block; a Refusal naming the holder when another has it."""
+    path = lock_path(target)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise Refusal(f"cannot open the lock {path} ({exc.strerror}); nothing changed") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise Refusal(f"another dynspec patch command (pid {owner}) is working on {target.pkg}; "
+                          "nothing changed") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # --- writing: all files or none, across crashes -----------------------------------------

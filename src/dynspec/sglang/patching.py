@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynspec.sglang.patch_transaction import (  # noqa: F401  (re-exported: the command's vocabulary)
-    BACKUP_DIR, JOURNAL, TMP_SUFFIX, Refusal, Target, _check_no_links, _check_writable, recover, sha256, write_all)
+    BACKUP_DIR, JOURNAL, TMP_SUFFIX, Refusal, Target, _check_no_links, _check_writable, exclusive, recover, sha256,
+    write_all)
 from dynspec.sglang.unified_diff import (  # noqa: F401
     FilePatch, Hunk, PatchApplyError, PatchFormatError, apply_hunks, parse_unified)
 
@@ -361,6 +362,16 @@ def _start(target: Target, dry_run: bool, root: Path | None, goal: str, already:
 
 
 def do_apply(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    with exclusive(target):
+        return _apply(target, dry_run=dry_run, root=root)
+
+
+def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+    with exclusive(target):
+        return _revert(target, dry_run=dry_run, root=root)
+
+
+def _apply(target: Target, *, dry_run: bool, root: Path | None) -> Outcome:
     start = _start(target, dry_run, root, PATCHED, "already patched", "nothing changed")
     if start.done is not None:
         return start.done
@@ -424,7 +435,7 @@ def _upstream_bytes(target: Target, ps: PatchSet, current: dict[str, bytes]) -> 
     return out
 
 
-def do_revert(target: Target, *, dry_run: bool = False, root: Path | None = None) -> Outcome:
+def _revert(target: Target, *, dry_run: bool, root: Path | None) -> Outcome:
     start = _start(target, dry_run, root, UNPATCHED, "not patched", "nothing to revert")
     if start.done is not None:
         return start.done
@@ -450,7 +461,8 @@ def _run(args: argparse.Namespace) -> int:
             return _manifest(args)
         target = find_sglang(args.sglang_path)
         if args.patch_command == "status":
-            st = status(target)
+            with exclusive(target):
+                st = status(target)
             print(st.line())
             return EXIT_OK if st.state in (UNPATCHED, PATCHED) else EXIT_STATE
         op = do_apply if args.patch_command == "apply" else do_revert
