@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from dynspec.live.bench import random_prompts, run_level_async
-from dynspec.sim.emulator import chat_prompt, count_text_tokens, make_app
+from dynspec.sim.emulator import MAX_BODY_BYTES, chat_prompt, count_text_tokens, make_app
 from dynspec.sim.profile import parse_profile
 from dynspec.results import summarize
 from dynspec.live.servers import parse_prometheus
@@ -283,7 +283,7 @@ def test_bad_requests_get_a_4xx_json_error_and_the_server_keeps_serving():
                 assert needle in message, (raw, message)
                 if path.startswith("/v1/"):
                     assert body["object"] == "error" and body["code"] == status
-            async with s.post(url + "/generate", data=b"x" * (33 * 1024 * 1024)) as r:
+            async with s.post(url + "/generate", data=b"x" * (MAX_BODY_BYTES + 1)) as r:
                 assert r.status == 413 and "exceeds" in (await r.json())["error"]["message"]
             async with s.get(url + "/no/such/path") as r:
                 assert r.status == 404 and "Not Found" in (await r.json())["error"]["message"]
@@ -294,6 +294,26 @@ def test_bad_requests_get_a_4xx_json_error_and_the_server_keeps_serving():
                 assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 3
             async with s.get(url + "/metrics") as r:
                 assert parse_prometheus(await r.text())["sglang:num_requests_total"] == 1
+
+    run(go())
+
+
+def test_a_body_too_large_is_refused_from_its_length_before_it_is_read():
+    """A request that declares 100 MB gets its 413 at once, with nothing of the body sent."""
+    async def go():
+        async with serving(profile(), "eagle3") as (url, s):
+            host, port = url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000000\r\n\r\n")
+            await writer.drain()
+            t0 = time.perf_counter()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            assert time.perf_counter() - t0 < 1.0
+            assert head.startswith(b"HTTP/1.1 413"), head
+            writer.close()
+            async with s.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}) as r:
+                assert r.status == 200
 
     run(go())
 

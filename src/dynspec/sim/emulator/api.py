@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from dynspec.models import validation_message
 
-MAX_BODY_BYTES = 32 * 1024 * 1024  # larger request bodies get 413
+MAX_BODY_BYTES = 8 * 1024 * 1024  # larger request bodies get 413 (a 128k-token prompt as ids is about 1 MB)
 
 
 class BadRequest(ValueError):
@@ -142,6 +142,8 @@ async def read_json(request, model: type[BaseModel]):
     """The request's body validated as `model`; BadRequest (413 when too large) otherwise."""
     from aiohttp import web
 
+    if (request.content_length or 0) > MAX_BODY_BYTES:  # refused before a byte of it is read
+        raise BadRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
