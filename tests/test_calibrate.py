@@ -460,7 +460,7 @@ def test_the_dynspec_command_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-# KV-only catch-up and resume (issue 13) -----------------------------------------------
+# KV-only catch-up and resume -------------------------------------------------------
 
 
 def _draft_with_context(target, n_ctx=6, batch=2, seed=10):

@@ -121,7 +121,7 @@ def test_live_needs_port_placeholder_and_launch():
     (with_(arms=[{"name": "a", "launch": "serve --model {modle} --port {port}"}]), "arms.0.launch",
      "unknown placeholder {modle}"),
     (with_(prompts={"source": "jsonl"}), "prompts", "source jsonl needs a path"),
-    # issue 15: booleans as numbers, absurd sizes, non-finite timeouts and scales
+    # booleans as numbers, absurd sizes, non-finite timeouts and scales
     (with_(concurrency=[1e30]), "concurrency.0", "valid integer"),
     (with_(concurrency=[True]), "concurrency.0", "valid integer"),
     (with_(concurrency=[10 ** 7]), "concurrency.0", "less than or equal to 65536"),

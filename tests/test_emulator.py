@@ -250,7 +250,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "x"}', 400, "max_tokens is required"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}', 400, "must be >= 1"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 4, "n": 2}', 400, "n and best_of"),
-    # issue 15: lone surrogates, a huge integer, deep nesting, best_of out of range
+    # lone surrogates, a huge integer, deep nesting, best_of out of range
     ("/generate", b'{"text": "\\ud800", "sampling_params": {"max_new_tokens": 4}}', 400, "surrogate"),
     ("/v1/completions", b'{"prompt": "\\udfff x", "max_tokens": 4}', 400, "surrogate"),
     ("/generate", b'{"input_ids": [' + b"9" * 5000 + b'], "sampling_params": {"max_new_tokens": 4}}', 400,

@@ -134,8 +134,7 @@ def test_varied_output_lengths_lift_the_lockstep_cost_off_speculation():
 def test_a_longer_level_amortizes_what_the_policy_learns_once():
     """Member 0:117 at C=32 (varied lengths; plain wins there by 4x per token): the dynamic arm
     starts from nothing at every level, and what it learns once weighs less in a longer level
-    (of the switching server's best, simulated: 0.961 -> 0.987 at 4 x the requests on 2026-12-01
-    before the tenth session; 0.986 -> 0.992 since a draining level borrows its losses through the
+    (of the switching server's best, simulated: 0.961 -> 0.987 at 4 x the requests on 2026-12-01; 0.986 -> 0.992 since a draining level borrows its losses through the
     per-request bound instead of trying a spec step in every bucket).  A run_member that ignores
     level_scale fails both asserts."""
     from dynspec.analysis.family import level_requests
@@ -202,7 +201,7 @@ def test_an_acceptance_estimate_that_drifts_low_does_not_stick():
     EMA of accepted drafts over about 50 requests (acc_alpha 0.02) an unlucky run turns speculation
     off, only probes sample it after that, and the estimate settles low (0.93 of the switching
     server's best, simulated); over about 200 (the default, 0.005) goodput stays within 3%.  Since
-    a probe's sample weighs as much as the steps it stands for (tenth session), 0.02 recovers
+    a probe's sample weighs as much as the steps it stands for, 0.02 recovers
     part of it (0.949 / 0.965 at C = 1 / 2); an EMA over about 20 requests (0.05) still sticks at
     C=1 (0.936; at C=2 each request's own estimate lifts it to 0.965).  Since probes come before
     waiting costs more in expectation than a probe (the estimate's uncertainty, _refresh), even

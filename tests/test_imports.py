@@ -1,7 +1,7 @@
 """Data flows one way: no module of dynspec imports, even lazily inside a function, a module that
-imports it back (issue 18).  Read from the source, so a cycle is found before anything runs it.
+imports it back.  Read from the source, so a cycle is found before anything runs it.
 
-And each subpackage keeps its own dependency rule (issue 18, item 1): dynspec.policy is standard
+And each subpackage keeps its own dependency rule: dynspec.policy is standard
 library only (nothing of dynspec outside it), the SGLang hook adds only dynspec.policy, the simulator never reaches the live or
 analysis code, the live code never reaches the analysis, and only dynspec.calibrate imports torch
 when it is imported."""
@@ -96,7 +96,7 @@ def test_the_check_finds_a_cycle_when_there_is_one():
 
 def test_reports_only_read_runs_and_readers_start_no_servers():
     """A report reads run folders and never runs a sweep; reading saved results never needs the
-    module that starts server processes (issue 18, item 4)."""
+    module that starts server processes."""
     g = graph()
     assert "dynspec.live.servers" in reachable(g, "dynspec.live.sweep")  # the walk follows imports (sweep's are lazy)
     assert "dynspec.live.sweep" not in reachable(g, "dynspec.analysis.report")

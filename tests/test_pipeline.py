@@ -309,7 +309,7 @@ def test_each_notebook_runs_with_its_default_parameters(tmp_path):
     assert "nothing changed" in patch
 
 
-# Published reports (issue 15, finding 1) -------------------------------------------------
+# Published reports ---------------------------------------------------------------------
 
 def _published_report(reports: Path, run_id: str, backend: str) -> Path:
     """A committed report as a fresh clone has it: reports/<id>/ and no data/runs/<id>/."""

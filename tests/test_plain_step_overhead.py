@@ -1,4 +1,4 @@
-"""benchmarks/plain_step_overhead.py and benchmarks/refit_catch_up.py (issue 13), on CPU."""
+"""benchmarks/plain_step_overhead.py and benchmarks/refit_catch_up.py, on CPU."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_overhead_from_a_profile_is_plain_plus_catch_up_over_plain_and_flags_the
     assert "    1    10.000    1.0600    1.1800       n/a    1.0130    0.0550\n" in out  # within the limit: no flag
     assert overhead.main(["--profile", str(_profile(tmp_path, [0.13, 0.32, 0.24])), "--limit", "1.02"]) == 0
     capsys.readouterr()
-    assert overhead.main(["--profile", str(_profile(tmp_path, None))]) == 0  # before issue 13: nothing to flag
+    assert overhead.main(["--profile", str(_profile(tmp_path, None))]) == 0  # before the KV-only catch-up: nothing to flag
     out = capsys.readouterr().out
     assert "1.0600    1.1800       n/a       n/a       n/a\n" in out and "predates the KV-only catch-up" in out
 
@@ -72,7 +72,7 @@ def test_refit_replaces_the_interim_shares_by_the_calibrated_ones(tmp_path, caps
     spec.write_text(interim.rstrip("\n") + f'\n  - "interim catch-up shares, {refit.MARKER}"\n')
     assert refit.MARKER in spec.read_text() and "resume_fraction: 0.055" in spec.read_text()
     before = load_profile(ROOT / "src" / "dynspec" / "sim" / "profiles" / "seed-blackwell.yaml")
-    # a profile calibrated before issue 13 is refused, and nothing is changed
+    # a profile calibrated before the KV-only catch-up is refused, and nothing is changed
     assert refit.main([str(spec), "--from", str(_profile(tmp_path, None)), "--profiles", str(tmp_path)]) == 2
     assert "has no catchup_ms" in capsys.readouterr().err and refit.MARKER in spec.read_text()
     src = _profile(tmp_path, [0.2, 0.3, 0.4])  # 2% at batch 1, 1.5% at 64

@@ -61,7 +61,7 @@ BAD = [
     (_bad(provenance__kind="guessed"), "provenance.kind"),
     (_bad(colour="blue"), "colour: unknown key"),
     (_bad(steps__batch_size=[0, 5]), "batch_size must be positive"),
-    # issue 15: non-finite times, acceptance the engine cannot reach, booleans as numbers
+    # non-finite times, acceptance the engine cannot reach, booleans as numbers
     (_bad(steps__plain_ms=[10, float("inf")]), "finite number"),
     (_bad(steps__spec_ms=[float("nan"), 20]), "finite number"),
     (_bad(acceptance__accept_length=float("inf")), "finite number"),

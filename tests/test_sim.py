@@ -247,7 +247,7 @@ def test_fit_writes_a_kv_only_catch_up_and_a_resume(tmp_path):
         load_fit_spec(spec_path)
     old = yaml.safe_load(src.read_text())
     old["steps"] = [{k: v for k, v in t.items() if k not in ("catchup_ms", "resume_ms")} for t in old["steps"]]
-    src.write_text(yaml.safe_dump(old))  # a profile calibrated before issue 13
+    src.write_text(yaml.safe_dump(old))  # a profile calibrated before the KV-only catch-up
     spec_path.write_text(spec_text + f"catch_up_from: {src}\n")
     with pytest.raises(FitError, match="has no catchup_ms"):
         fit(load_fit_spec(spec_path))

@@ -340,7 +340,7 @@ def test_environment_reads_nvidia_smi_and_says_no_gpu_plainly(tmp_path, monkeypa
     assert env["packages"]["dynspec"] and env["gpu"]["count"] == 2 and env["torch_cuda"] is None
 
 
-# Issue 15: a misbehaving server, damaged run files ----------------------------------------
+# A misbehaving server, damaged run files -----------------------------------------------
 
 NOT_HTTP = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
             "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
