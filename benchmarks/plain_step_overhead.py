@@ -41,15 +41,17 @@ def tables_by_timing(args) -> tuple[str, list[dict]]:
     """The same columns, timed here: calibrate's model, StepSet pieces and timer."""
     import torch
 
-    from dynspec.calibrate import run as cal
+    from dynspec.calibrate.config import CalibrateConfig, parse_ints
+    from dynspec.calibrate.model_shapes import resolve_shape
+    from dynspec.calibrate.timing import _max_len, fitting_batch, time_ms
     from dynspec.calibrate.random_model import DraftHead, StepSet, TargetModel
 
-    cfg = cal.CalibrateConfig(shape=args.shape, name="overhead", out=Path("overhead.yaml"),
-                              batch_sizes=cal.parse_ints(args.batch_sizes, "--batch-sizes"),
-                              contexts=cal.parse_ints(args.context, "--context"), tokens_per_request=(1,),
-                              repeats=args.repeats, warmup=args.warmup, dtype=args.dtype, device=args.device,
-                              draft_vocab=min(32000, cal.resolve_shape(args.shape).vocab),
-                              catch_up_window=args.catch_up_window)
+    cfg = CalibrateConfig(shape=args.shape, name="overhead", out=Path("overhead.yaml"),
+                          batch_sizes=parse_ints(args.batch_sizes, "--batch-sizes"),
+                          contexts=parse_ints(args.context, "--context"), tokens_per_request=(1,),
+                          repeats=args.repeats, warmup=args.warmup, dtype=args.dtype, device=args.device,
+                          draft_vocab=min(32000, resolve_shape(args.shape).vocab),
+                          catch_up_window=args.catch_up_window)
     device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("plain_step_overhead: no CUDA device (use --device cpu)")
@@ -59,14 +61,14 @@ def tables_by_timing(args) -> tuple[str, list[dict]]:
              "resume_ms": ("resume", True)}
     tables = []
     with torch.inference_mode():
-        target = TargetModel(cfg.dims, dtype, device, cal._max_len(cfg, cfg.contexts[-1]), seed=cfg.seed)
+        target = TargetModel(cfg.dims, dtype, device, _max_len(cfg, cfg.contexts[-1]), seed=cfg.seed)
         draft = DraftHead(target, cfg.draft_vocab, seed=cfg.seed + 1)
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 3)
         for ctx in cfg.contexts:
-            top = cal.fitting_batch(cfg, ctx, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" \
+            top = fitting_batch(cfg, ctx, torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" \
                 else cfg.batch_sizes[-1]
             sizes = [b for b in cfg.batch_sizes if b <= top]
-            tcache, dcache = target.new_cache(sizes[-1], cal._max_len(cfg, ctx)), draft.new_cache(sizes[-1], cal._max_len(cfg, ctx))
+            tcache, dcache = target.new_cache(sizes[-1], _max_len(cfg, ctx)), draft.new_cache(sizes[-1], _max_len(cfg, ctx))
             tcache.fill_random(gen)
             dcache.fill_random(gen)
             table: dict = {"context_len": ctx, "batch_size": sizes, **{k: [] for k in kinds}}
@@ -75,8 +77,8 @@ def tables_by_timing(args) -> tuple[str, list[dict]]:
                                 catch_up_window=cfg.catch_up_window)
                 steps.catchup_step = lambda s=steps: s.draft.catch_up(s.tok1, s.aux1, s.dcache, s.ctx)
                 for key, (piece, graphed) in kinds.items():
-                    ms, _ = cal.time_ms(getattr(steps, piece), repeats=cfg.repeats, warmup=cfg.warmup,
-                                        device=device, graphs=graphs and graphed)
+                    ms, _ = time_ms(getattr(steps, piece), repeats=cfg.repeats, warmup=cfg.warmup,
+                                    device=device, graphs=graphs and graphed)
                     per = cfg.catch_up_window if key == "catchup_ms" else 1  # a window of steps per call
                     table[key].append(statistics.median(ms) / per)
             tables.append(table)

@@ -241,18 +241,21 @@ def test_importing_the_policy_package_loads_nothing_else_of_dynspec():
 
 
 def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():
-    """A patched SGLang imports dynspec.sglang.hook and dynspec.sglang.adaptive: when imported they
-    load the standard library and dynspec.policy only, so neither numpy nor pandas nor pyarrow
-    unless a profile is used."""
-    runtime = ["dynspec.sglang", "dynspec.sglang.hook", "dynspec.sglang.adaptive"]
-    allowed = ("dynspec.policy", "dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang")
+    """A patched SGLang imports dynspec.sglang.hook (and the modules it imports) and
+    dynspec.sglang.adaptive: when imported they load the standard library and dynspec.policy only,
+    so neither numpy nor pandas nor pyarrow unless a profile is used."""
+    helpers = ["dynspec.sglang.tp_agreement", "dynspec.sglang.step_trace", "dynspec.sglang.metrics"]
+    runtime = ["dynspec.sglang", "dynspec.sglang.hook", "dynspec.sglang.adaptive", *helpers]
+    allowed = ("dynspec.policy", "dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang", *helpers)
     for m in runtime:
         names = module_level_imports(path_of(m))
         assert third_party(names) == set(), m
         dyn = {n for n in names if n.split(".")[0] == "dynspec"}
         assert all(n in allowed or n.startswith("dynspec.policy.") for n in dyn), (m, dyn)
     # What a function imports lazily: Prometheus only with --enable-metrics, a profile only when named.
-    assert third_party(all_imports(path_of("dynspec.sglang.hook"))) == {"prometheus_client"}
+    assert third_party(all_imports(path_of("dynspec.sglang.metrics"))) == {"prometheus_client"}
+    for m in ["dynspec.sglang.hook", "dynspec.sglang.tp_agreement", "dynspec.sglang.step_trace"]:
+        assert third_party(all_imports(path_of(m))) == set(), m
     loaded = loaded_after_import("dynspec.sglang.hook")
     assert "dynspec" in loaded and not {"numpy", "pandas", "pyarrow"} & loaded
     assert not HEAVY & loaded_after_import("dynspec.sglang.hook", "dynspec.sglang.adaptive")

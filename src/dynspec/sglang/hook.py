@@ -16,22 +16,10 @@ it pydantic and yaml, only when DYNSPEC_PROFILE is set).  Never raises out of
 `load_controller`: a missing or broken configuration logs one warning and the
 server speculates as configured.
 
-Tensor parallelism (every rank runs its own Controller; all must decide alike):
-
-* Start: every rank joins one all-reduce MIN (`agree_start`, run by
-  `load_controller(min_sync=...)`): dynspec runs on every rank or on none, and the
-  mean sync hook is used by every rank or by none.  A rank that cannot even import
-  dynspec must still join it, with `min_sync([0.0])`.  Then, after trying to capture
-  the plain-step CUDA graphs, `ctl.agree_plain_graphs(captured)` (one more MIN) says
-  whether every rank has them; if not, every rank runs plain steps eagerly.
-* Running: every `sync_every` steps (and once per bucket just explored, for goodput)
-  the Controller runs one all-reduce mean (the `sync` hook) carrying the policy's
-  step-time sums and counts, a "failed" flag and a checksum of its decision state.
-  If any rank's policy failed or the checksums differ, every rank speculates as
-  configured from that step on (one warning, rank 0).  The schedule depends only on
-  the step stream, so a rank whose policy failed still joins every agreement.
-* Both hooks must be called at the same point on every rank.  Returning before them
-  is safe only on conditions identical on every rank (DYNSPEC_POLICY, server args).
+Tensor parallelism: every rank runs its own Controller and all must decide alike; how
+they agree (at start, on plain-step CUDA graphs, while running) is in
+dynspec.sglang.tp_agreement.  The step trace is dynspec.sglang.step_trace, the
+Prometheus series dynspec.sglang.metrics.
 
 What the 0.5.9 patch calls, on every TP rank, in `EAGLEWorkerV2.__init__`:
 
@@ -68,23 +56,21 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from dynspec.policy import (FailSafePolicy, Policy, PolicySpecError, StepCost, StepRecord, SyncHook, build_policy,
-                            state_checksum)
+from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepCost, StepRecord, SyncHook, build_policy
+from dynspec.sglang.metrics import PromExporter
+from dynspec.sglang.step_trace import ENV_STEP_TRACE, StepTrace
+from dynspec.sglang.tp_agreement import MinSyncHook, TPAgreement, agree_start, warn_rank0
 
 ENV_POLICY = "DYNSPEC_POLICY"
 ENV_PROFILE = "DYNSPEC_PROFILE"
 ENV_PLAIN_GRAPH = "DYNSPEC_PLAIN_CUDA_GRAPH"
 ENV_CATCH_UP_WINDOW = "DYNSPEC_CATCHUP_WINDOW"
-ENV_STEP_TRACE = "DYNSPEC_STEP_TRACE"
 # 32: at batch 1 a pass costs about 0.15 ms on an H200 (Llama-3.1-8B head, mostly reading the
 # fc and K/V weights; experiments/h200-real-sglang/data/h200-census), so 8 steps per pass left 0.019 ms on every
 # plain step; 32 leaves about a quarter of that.  The ring caps rows at 1024 (window x batch).
 DEFAULT_CATCH_UP_WINDOW = 32
 
 _log = logging.getLogger("dynspec.sglang.hook")
-
-# SyncHook (dynspec.policy): an all-reduce MEAN over the TP ranks.
-MinSyncHook = Callable[[list[float]], list[float]]  # all-reduce MIN over the TP ranks
 
 # Decisions the interval between two results can hold under SGLang's overlap scheduler: the
 # step before, the step itself, and the one launched before its result is read.
@@ -129,41 +115,7 @@ def _request_ids(reqs: Sequence, up_to: int | None = None) -> list | None:
         return None
 
 
-class StepTrace:
-    """One CSV line per result the scheduler processed: when (time.perf_counter, the system's
-    monotonic clock on Linux: the load generator's request records use the same), what it was
-    (S speculative step, P plain step, F prefill; in lower case when the step or prefill was
-    launched), batch size (prefill results: requests whose prompts it finished), accepted drafts
-    (step results) or prompt tokens (prefill results).  Lines are buffered and written about once a second (a killed server
-    loses at most that); TP ranks > 0 write PATH.rankN."""
-
-    HEADER = "t,kind,batch,count\n"
-
-    def __init__(self, path: str, tp_rank: int = 0, clock: Callable[[], float] = time.perf_counter):
-        self.path = path if tp_rank == 0 else f"{path}.rank{tp_rank}"
-        self._clock = clock
-        self._flushed = clock()
-        self._lines: list[str] = []
-        with open(self.path, "w") as f:
-            f.write(self.HEADER)
-
-    def add(self, kind: str, batch: int, count: int) -> None:
-        now = self._clock()
-        self._lines.append(f"{now:.6f},{kind},{batch},{count}\n")
-        if now - self._flushed > 1.0:
-            self.flush(now)
-
-    def flush(self, now: float | None = None) -> None:
-        self._flushed = self._clock() if now is None else now
-        lines, self._lines = self._lines, []
-        try:
-            with open(self.path, "a") as f:
-                f.writelines(lines)
-        except OSError:  # a trace must never stop a server
-            pass
-
-
-class Controller:
+class Controller(TPAgreement):
     """One TP rank's view of the policy: decisions, counters, switch log, stats.
 
     Every input to a decision is rank-identical (batch size, accepted-token counts,
@@ -173,7 +125,8 @@ class Controller:
     on the step stream (`SyncSchedule`), so a rank whose policy failed still joins
     them; each carries the policy's values, a "failed" flag and a checksum of the
     decision state, and if any rank failed or the checksums differ every rank falls
-    back to speculating as configured at the same step.
+    back to speculating as configured at the same step (those agreements: TPAgreement,
+    dynspec.sglang.tp_agreement).
     """
 
     def __init__(
@@ -224,19 +177,8 @@ class Controller:
         self._dirty = False  # a prefill was launched since the last decode result
         self._gap = False  # the next result's step was launched after the last result (note_gap)
         self._lock = threading.Lock()  # stats() may be read from another thread
-        self._prom: _PromExporter | None = None
+        self._prom: PromExporter | None = None
         self.trace: StepTrace | None = None  # DYNSPEC_STEP_TRACE (load_controller)
-
-    def _use_sync(self, sync: SyncHook | None) -> None:
-        self.sync = sync
-        # Step times reach the policy only when they are agreed: one rank, or a sync hook.
-        self.times_agreed = self.tp_size <= 1 or sync is not None
-        self.agreeing = self.tp_size > 1 and sync is not None
-        if self.agreeing:
-            inner = self.policy.inner
-            inner.defer_sync()
-            self._schedule = inner.sync_schedule()
-            self._n_values = len(inner.sync_values())
 
     # --- before a step ------------------------------------------------------------
     def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
@@ -262,7 +204,7 @@ class Controller:
         if mode != self.mode:
             self._switch(mode, batch_size)
         if self._prom is not None:
-            self._prom.step(spec, self)
+            self._prom.step(spec, self.switches)
         return spec
 
     def _switch(self, mode: str, batch_size: int) -> None:
@@ -363,65 +305,6 @@ class Controller:
         if self.agreeing and self._schedule.due(self.step, batch_size, speculated):
             self._agree()
 
-    # --- agreement across TP ranks -------------------------------------------------
-    def _agree(self) -> None:
-        """One all-reduce: the policy's values, then "failed", then one checksum slot per
-        rank (each rank fills its own), so every rank reads every rank's checksum."""
-        pol, k, n, sync = self.policy, self._n_values, self.tp_size, self.sync
-        assert sync is not None  # only called while agreeing, which needs the hook
-        values, check = [0.0] * k, 0
-        if not pol.failed:
-            try:
-                values = [float(v) for v in pol.inner.sync_values()]
-                if len(values) != k:
-                    raise RuntimeError(f"sync_values gave {len(values)} values, expected {k}")
-                check = state_checksum((self.mode, self.step, pol.inner.state_key()))
-            except Exception as exc:  # noqa: BLE001 - this rank fails; the others learn it below
-                pol.fail("sync", exc)
-                values, check = [0.0] * k, 0
-        slots = [0.0] * n
-        slots[self.tp_rank] = float(check)
-        try:
-            agreed = sync(values + [1.0 if pol.failed else 0.0] + slots)
-            if len(agreed) != k + 1 + n:
-                raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {k + 1 + n}")
-        except Exception as exc:  # noqa: BLE001 - no agreement possible: stop deciding here
-            self._fall_back(f"the TP sync failed ({type(exc).__name__}: {exc})", every_rank=False)
-            return
-        if agreed[k] > 0:  # a rank-mean: nonzero when any rank failed
-            self._fall_back("the policy failed on a TP rank")
-            return
-        checks = {round(v * n) for v in agreed[k + 1:]}  # mean * ranks = the one rank's checksum
-        if len(checks) > 1:
-            self._fall_back(f"the TP ranks' decision states differ at step {self.step}")
-            return
-        try:
-            pol.inner.sync_apply(agreed[:k])
-        except Exception as exc:  # noqa: BLE001
-            pol.fail("sync_apply", exc)  # carried to every rank by the next agreement
-
-    def _fall_back(self, why: str, every_rank: bool = True) -> None:
-        self.fallback = f"fallback: {why}"
-        if self.tp_rank == 0 or not every_rank:
-            self.log.warning("dynspec: %s; %s speculates as configured from step %d on",
-                             why, "every TP rank" if every_rank else f"TP rank {self.tp_rank}", self.step)
-
-    def agree_plain_graphs(self, captured: bool) -> bool:
-        """Once per rank after trying to capture the plain-step CUDA graphs: True when
-        every rank has them; False: every rank runs plain steps eagerly."""
-        ok = captured
-        if self.tp_size > 1 and self.min_sync is not None:
-            try:
-                ok = self.min_sync([1.0 if captured else 0.0])[0] >= 1.0
-            except Exception as exc:  # noqa: BLE001 - the server must start; eager is always safe to run
-                self.log.warning("dynspec: the TP min hook failed (%s); plain steps run eagerly", exc)
-                ok = False
-            if captured and not ok and self.tp_rank == 0:
-                self.log.warning("dynspec: plain-step CUDA graphs are missing on a TP rank; "
-                                 "every rank runs plain steps eagerly")
-        self.plain_step_kind = "cuda_graph" if ok else "eager"
-        return ok
-
     # --- reporting ----------------------------------------------------------------
     def stats(self) -> dict:
         """Counters for /get_server_info (internal_states[i]["dynspec"])."""
@@ -467,45 +350,11 @@ class Controller:
         SGLang's scheduler runs prometheus_client in multiprocess mode and its HTTP
         server collects every process's series, so the default registry is right."""
         try:
-            self._prom = _PromExporter(dict(labels or {}), registry)
+            self._prom = PromExporter(dict(labels or {}), registry)
         except Exception as exc:  # noqa: BLE001 - metrics are optional
             self.log.warning("dynspec: Prometheus metrics unavailable (%s); /get_server_info still reports", exc)
             self._prom = None
         return self._prom is not None
-
-
-class _PromExporter:
-    """dynspec_* series for SGLang's /metrics (prometheus multiprocess mode)."""
-
-    def __init__(self, labels: dict[str, str], registry=None):
-        from prometheus_client import REGISTRY, Counter, Gauge  # imported only with --enable-metrics
-
-        reg = REGISTRY if registry is None else registry
-        names = sorted(labels)
-        self.labels = labels
-        self.spec = Counter("dynspec_steps_speculative", "Decode steps that speculated", names, registry=reg)
-        self.plain = Counter("dynspec_steps_plain", "Decode steps decoded plainly", names, registry=reg)
-        self.switches = Counter("dynspec_switches", "Speculate/plain mode switches", names, registry=reg)
-        self.mode = Gauge("dynspec_mode", "1 while speculating, 0 while plain", names,
-                          multiprocess_mode="mostrecent", registry=reg)
-        self._switches_seen = 0
-        self._c_spec = self.spec.labels(**labels) if names else self.spec
-        self._c_plain = self.plain.labels(**labels) if names else self.plain
-        self._c_sw = self.switches.labels(**labels) if names else self.switches
-        self._g_mode = self.mode.labels(**labels) if names else self.mode
-        self._g_mode.set(1)
-
-    def step(self, spec: bool, ctl: Controller) -> None:
-        (self._c_spec if spec else self._c_plain).inc()
-        if ctl.switches != self._switches_seen:
-            self._c_sw.inc(ctl.switches - self._switches_seen)
-            self._switches_seen = ctl.switches
-            self._g_mode.set(1 if spec else 0)
-
-
-def _warn(logger: logging.Logger, tp_rank: int, msg: str, *args) -> None:
-    if tp_rank == 0:
-        logger.warning(msg, *args)
 
 
 def load_controller(
@@ -544,7 +393,7 @@ def load_controller(
         try:
             ctl.trace = StepTrace(trace, tp_rank)
         except OSError as exc:
-            _warn(logger, tp_rank, "dynspec: cannot write the step trace %s (%s); serving without it", trace, exc)
+            warn_rank0(logger, tp_rank, "dynspec: cannot write the step trace %s (%s); serving without it", trace, exc)
     if ctl is not None and tp_rank == 0:
         logger.info(
             "dynspec: policy %s is live (profile: %s, TP ranks: %d, step times: %s); "
@@ -575,7 +424,7 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
             try:
                 hook = sync if sync is not None else (sync_factory() if sync_factory else None)
             except Exception as exc:  # noqa: BLE001
-                _warn(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
+                warn_rank0(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
                       "the policy decides from batch size, acceptance and profile", exc)
                 hook = None
         # The overlap scheduler launches a step before it reads the last one's result.
@@ -584,34 +433,12 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
         return Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
                           logger=logger, profile_name=profile_name)
     except PolicySpecError as exc:
-        _warn(logger, tp_rank, "dynspec: DYNSPEC_POLICY=%r is invalid (%s); dynspec is OFF and the server "
+        warn_rank0(logger, tp_rank, "dynspec: DYNSPEC_POLICY=%r is invalid (%s); dynspec is OFF and the server "
               "speculates on every step as configured", spec, exc)
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
-        _warn(logger, tp_rank, "dynspec: cannot start policy %r (%s: %s); dynspec is OFF and the server "
+        warn_rank0(logger, tp_rank, "dynspec: cannot start policy %r (%s: %s); dynspec is OFF and the server "
               "speculates on every step as configured", spec, type(exc).__name__, exc)
     return None
-
-
-def agree_start(ctl: Controller | None, min_sync: MinSyncHook, tp_rank: int,
-                logger: logging.Logger) -> Controller | None:
-    """Every rank, once: MIN over one value (0: no controller, 1: one without a sync hook,
-    2: one with); all ranks keep dynspec (and the hook) or none does."""
-    mine = 0.0 if ctl is None else (2.0 if ctl.sync is not None else 1.0)
-    try:
-        agreed = min_sync([mine])[0]
-    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the server must start
-        logger.warning("dynspec: the TP min hook failed (%s); dynspec is OFF on TP rank %d", exc, tp_rank)
-        return None
-    if agreed < 1.0 or ctl is None:  # without a controller here the MIN is 0
-        if ctl is not None:
-            _warn(logger, tp_rank, "dynspec: could not start on every TP rank; dynspec is OFF on every rank "
-                  "and the server speculates on every step as configured")
-        return None
-    if agreed < 2.0 and ctl.sync is not None:
-        _warn(logger, tp_rank, "dynspec: the TP sync hook is missing on a TP rank; step times unused on "
-              "every rank, the policy decides from batch size, acceptance and profile")
-        ctl._use_sync(None)
-    return ctl
 
 
 def _estimates(policy, method: str = "estimates") -> dict | None:
