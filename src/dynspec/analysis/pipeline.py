@@ -15,94 +15,34 @@
 Notebooks run with papermill in the kernel the setup installs (`dynspec`, this
 interpreter), each cell under a timeout.  A failing notebook stops the pipeline with
 papermill's error and the failing cell; its executed notebook stays for inspection.
+
+The settings and pipeline.yaml are pipeline_settings, the offline page pipeline_html, the index
+pipeline_index, building beside the published report and renaming into place pipeline_publish.
 """
 
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import os
 import re
-import shutil
 import sys
 import threading
 import time
-from datetime import datetime, timezone
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from dynspec.io.atomic import write_text
-from dynspec.live.config import RUN_ID, run_id_problem
+from dynspec.analysis.pipeline_html import external_references, render_html  # noqa: F401  (re-exported)
+from dynspec.analysis.pipeline_index import write_index, write_summary
+from dynspec.analysis.pipeline_publish import _prepare_dirs, _publish, _recover
+from dynspec.analysis.pipeline_settings import KERNEL, NOTEBOOKS, PipelineConfig, PipelineError, _abs
+from dynspec.analysis.pipeline_settings import (  # noqa: F401  (re-exported: pipeline.yaml and provenance.json)
+    load_settings, save_provenance, save_settings, settings_data, settings_from_data)
 from dynspec.io.jsonl import read_json
-from dynspec.models import Model, validation_message
+from dynspec.live.config import run_id_problem
+from dynspec.models import validation_message
 from dynspec.paths import REPO_ROOT
-
-NOTEBOOKS = ("00_environment", "01_patch", "02_sweep", "03_report")
-KERNEL = "dynspec"
-
-
-class PipelineError(RuntimeError):
-    """The pipeline cannot start or go on; the message is one line."""
-
-
-class PipelineConfig(Model):
-    """What one pipeline invocation does, every path absolute; saved as pipeline.yaml."""
-
-    config: Path
-    backend: Literal["sim", "emulate", "live"] = "sim"
-    run_id: str = Field(pattern=f"^{RUN_ID.pattern}$")
-    resume: bool = False
-    overwrite: bool = False
-    runs_dir: Path
-    reports_dir: Path
-    notebooks_dir: Path
-    reference: Path | None
-    compare_runs: list[Path] = []
-    kernel: str = KERNEL
-    cell_timeout_s: float = Field(gt=0)
-    apply_patch: bool = False
-    patch_dry_run: bool = True
-    sglang_path: str | None = None
-
-    @property
-    def report_dir(self) -> Path:
-        return self.reports_dir / self.run_id
-
-    @property
-    def build_dir(self) -> Path:
-        """Where a pipeline builds the report; renamed to report_dir once whole, so an interrupted
-        run leaves the published report as it was.  A sibling: paths relative to it are the same."""
-        return self.reports_dir / f".{self.run_id}.building"
-
-    @property
-    def old_dir(self) -> Path:
-        """The published report while the new one is renamed into its place."""
-        return self.reports_dir / f".{self.run_id}.old"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.runs_dir / self.run_id
-
-    def parameters(self) -> dict[str, dict]:
-        """Each notebook's papermill parameters (JSON-ready: paths as strings)."""
-        return {
-            "00_environment": {"probe_torch": self.backend == "live"},
-            "01_patch": {"apply": self.apply_patch, "dry_run": self.patch_dry_run, "sglang_path": self.sglang_path},
-            "02_sweep": {"config": str(self.config), "backend": self.backend, "run_id": self.run_id,
-                         "runs_dir": str(self.runs_dir), "resume": self.resume},
-            "03_report": {"run_dir": str(self.run_dir), "runs_dir": str(self.runs_dir),
-                          "compare_runs": [str(p) for p in self.compare_runs],
-                          "reference": str(self.reference) if self.reference else None},
-        }
-
-
-def _abs(p: str | Path) -> Path:
-    return Path(p).expanduser().resolve()
 
 
 def resolve(config: str | Path, *, backend: str | None = None, run_id: str | None = None, resume: bool = False,
@@ -264,215 +204,7 @@ def execute_notebook(pc: PipelineConfig, name: str, log_output: bool = False) ->
     return out
 
 
-class _ExternalRefs(HTMLParser):
-    """Collects every URL a browser would fetch from the network to show the page."""
-
-    ATTRS = {"script": "src", "link": "href", "img": "src", "iframe": "src", "source": "src", "video": "src",
-             "audio": "src", "embed": "src", "object": "data"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        want = self.ATTRS.get(tag)
-        for k, v in attrs:
-            if k == want and v and re.match(r"^(https?:)?//", v.strip()):
-                self.found.append(f"<{tag} {k}={v}>")
-
-
-def external_references(page: str) -> list[str]:
-    """Network fetches a page would make: script/link/img... sources and CSS url()/@import."""
-    p = _ExternalRefs()
-    p.feed(page)
-    css = re.findall(r"""(?:url\(\s*['"]?|@import\s+['"])((?:https?:)?//[^'")\s]+)""", page)
-    return p.found + [f"css {u}" for u in css]
-
-
-# Blocks of nbconvert's lab template that load scripts from CDNs: require.js, MathJax,
-# Mermaid, the widget manager.  The report uses none of them.
-_OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-"""
-
-
-def render_html(notebook: Path, out: Path, title: str) -> Path:
-    """The executed report notebook as one self-contained page: outputs only, images inline."""
-    import nbformat
-    from jinja2 import DictLoader
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(template_name="lab", template_file="dynspec_offline.html.j2",
-                            extra_loaders=[DictLoader({"dynspec_offline.html.j2": _OFFLINE_TEMPLATE})],
-                            exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
-                            embed_images=True)
-    nb = nbformat.read(notebook, as_version=4)
-    nb.metadata["title"] = title
-    body, _ = exporter.from_notebook_node(nb)
-    refs = external_references(body)
-    if refs:
-        raise PipelineError(f"{out}: the page would fetch from the network: {', '.join(refs[:3])}")
-    write_text(out, body)
-    return out
-
-
-# Index --------------------------------------------------------------------------------
-
-def write_summary(pc: PipelineConfig, timings: dict[str, float]) -> dict:
-    from dynspec.analysis.report import headline, load_run
-
-    summary = headline(load_run(pc.run_dir))
-    summary.update(generated=datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
-                   report="report.html", stage_seconds={k: round(v, 2) for k, v in timings.items()})
-    write_text(pc.build_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def _fmt_peak(p: dict | None) -> str:
-    return "–" if not p else f"{p['output_throughput']:.1f} tok/s @ C={p['concurrency']}"
-
-
-def _index_row(run_id: str, s: dict) -> str:
-    from dynspec.analysis.report import two_figures
-
-    e = html.escape
-    x = s.get("crossover") or {}
-    if x.get("status") == "crosses":
-        cross = f"C≈{two_figures(x['concurrency'])}"  # interpolated between two levels: no finer
-    else:
-        cross = {"never-pays": "never pays", "always-pays": "always pays"}.get(x.get("status", ""), "–")
-    best = s.get("best_policy")
-    best_txt = "–" if not best else f"{best['arm']}: {best['mean_of_envelope']:.1%} (worst {best['worst_of_envelope']:.1%})"
-    backend = s.get("backend", "")
-    if backend in ("sim", "emulate") and s.get("profile"):
-        backend = f"{backend} ({s['profile']})"
-    link = f"{run_id}/{s.get('report', 'report.html')}"
-    cells = [e(s.get("generated", "")[:19].replace("T", " ")), f'<a href="{e(link)}">{e(run_id)}</a>',
-             e(s.get("config", "")), e(s.get("hardware", "")), e(backend), e(_fmt_peak(s.get("baseline_peak"))),
-             e(_fmt_peak(s.get("eagle3_peak"))), e(cross), e(best_txt)]
-    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-
-
-def write_index(reports_dir: Path) -> Path:
-    """reports/index.html from every reports/<run-id>/summary.json, newest first."""
-    rows = []
-    for f in sorted(reports_dir.glob("*/summary.json")):
-        if f.parent.name.startswith("."):  # a report being built or replaced
-            continue
-        try:
-            s = read_json(f, ValueError)
-        except ValueError:
-            continue  # a half-written or foreign file: leave that run out rather than fail every index
-        if not isinstance(s, dict):
-            continue
-        if (f.parent / s.get("report", "report.html")).is_file():
-            rows.append((s.get("generated", ""), f.parent.name, s))
-    rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
-    heads = ["date", "run (report)", "config", "hardware", "backend", "baseline peak", "EAGLE-3 peak",
-             "EAGLE-3 crossover", "switching arm / best static arm per level: mean (worst)"]
-    body = "\n".join(_index_row(run_id, s) for _, run_id, s in rows) or \
-        f'<tr><td colspan="{len(heads)}">no reports yet: run <code>make report</code></td></tr>'
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>dynspec reports</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
-th {{ background: #f2f2f2; }} tr:nth-child(even) td {{ background: #fafafa; }}
-td:nth-child(1), td:nth-child(2) {{ white-space: nowrap; }}
-</style></head>
-<body>
-<h1>dynspec reports</h1>
-<p>One row per pipeline run (<code>dynspec pipeline</code>). Sim and emulate runs are simulated from a
-profile, not measured; each report says so at the top.</p>
-<table>
-<thead><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr></thead>
-<tbody>
-{body}
-</tbody>
-</table>
-</body></html>
-"""
-    out = reports_dir / "index.html"
-    write_text(out, page)
-    return out
-
-
 # Orchestration ------------------------------------------------------------------------
-
-_PATHS = ("config", "runs_dir", "reports_dir", "notebooks_dir", "reference")
-
-
-def settings_data(pc: PipelineConfig) -> dict:
-    """The settings as data, paths relative to the report's folder: a published report carries no
-    trace of this machine's layout and still says where everything was."""
-    data = pc.model_dump(mode="json")
-
-    def rel(p: str) -> str:
-        return os.path.relpath(p, pc.report_dir)
-
-    data.update({k: rel(data[k]) for k in _PATHS if data[k] is not None})
-    data["compare_runs"] = [rel(p) for p in data["compare_runs"]]
-    return data
-
-
-def settings_from_data(data: dict, report_dir: str | Path) -> PipelineConfig:
-    """settings_data's inverse: its relative paths resolved against the report's folder."""
-    data = dict(data)
-
-    def at(p: str) -> Path:
-        return _abs(Path(report_dir) / p)
-
-    data.update({k: at(data[k]) for k in _PATHS if data.get(k) is not None})
-    data["compare_runs"] = [at(p) for p in data.get("compare_runs", [])]
-    return PipelineConfig.model_validate(data)
-
-
-def save_settings(pc: PipelineConfig) -> Path:
-    """pipeline.yaml beside the report (settings_data)."""
-    out = pc.build_dir / "pipeline.yaml"
-    write_text(out, yaml.safe_dump(settings_data(pc), sort_keys=False))
-    return out
-
-
-def load_settings(path: str | Path) -> PipelineConfig:
-    """A saved pipeline.yaml, its relative paths resolved against its folder."""
-    path = Path(path)
-    return settings_from_data(yaml.safe_load(path.read_text()), path.parent)
-
-
-def save_provenance(pc: PipelineConfig, command: str, argv: list[str] | None) -> Path:
-    """provenance.json beside the report: its config is pipeline.yaml's settings (paths relative to
-    the report's folder), its profile the one a sim or emulate sweep models."""
-    from dynspec import provenance
-    from dynspec.live.config import load_config
-
-    profile = None if pc.backend == "live" else load_config(pc.config).profile
-    return provenance.write(provenance.in_folder(pc.build_dir), command, settings_data(pc), argv=argv,
-                            profile=profile)
-
-
-def _recover(pc: PipelineConfig) -> None:
-    """Undo what an interrupted publish left: the old report back if the new one never arrived."""
-    if pc.old_dir.is_dir():
-        if pc.report_dir.exists():
-            shutil.rmtree(pc.old_dir)
-        else:
-            pc.old_dir.rename(pc.report_dir)
-
-
-def _prepare_dirs(pc: PipelineConfig, command: str, argv: list[str] | None) -> None:
-    _recover(pc)
-    if pc.overwrite and pc.run_dir.exists():
-        shutil.rmtree(pc.run_dir)
-    if pc.build_dir.exists():  # an earlier attempt's notebooks would pass for this one's
-        shutil.rmtree(pc.build_dir)
-    pc.build_dir.mkdir(parents=True)
-    save_settings(pc)
-    save_provenance(pc, command, argv)
-
 
 def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
                  notebooks: tuple[str, ...] = NOTEBOOKS, command: str = "pipeline",
@@ -508,14 +240,6 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
     echo(f"index:  {index}")
     echo(f"report: {report}")
     return report
-
-
-def _publish(pc: PipelineConfig) -> None:
-    """The built report into place: the published one aside, the new one in, the old one gone."""
-    if pc.report_dir.exists():
-        pc.report_dir.rename(pc.old_dir)
-    pc.build_dir.rename(pc.report_dir)
-    _recover(pc)
 
 
 @contextlib.contextmanager
