@@ -441,3 +441,20 @@ def test_a_publish_cut_between_its_two_renames_is_undone_on_the_next_start(tmp_p
                              reports_dir=tmp_path / "reports")
     assert (again.report_dir / "report.html").read_text() == "the published one"
     assert not again.old_dir.exists()
+
+
+def test_a_report_another_command_is_building_is_refused_in_one_line(tmp_path):
+    """Two `pipeline --overwrite` of one run id used to delete each other's folders."""
+    from dynspec.io.lock import held, lock_file
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    kw = dict(run_id="busy", runs_dir=tmp_path / "runs", reports_dir=tmp_path / "reports")
+    pc = pipeline.resolve(config, **kw)
+    with held(lock_file("report", pc.report_dir), "held {pid}", RuntimeError):
+        with pytest.raises(pipeline.PipelineError, match=r"report busy is being built by another dynspec command "
+                                                         rf"\(pid {os.getpid()}\); nothing changed"):
+            pipeline.resolve(config, overwrite=True, **kw)
+        with pytest.raises(pipeline.PipelineError, match="is being built by another dynspec command"):
+            pipeline.run_pipeline(pc, echo=lambda *_: None)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()

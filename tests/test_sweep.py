@@ -561,3 +561,38 @@ def test_an_old_wall_clock_emulated_run_is_refused_by_fit_and_tune_and_not_drawn
     # Resuming it would mix clocks in one table: refused.
     with pytest.raises(SweepError, match="start a new run"):
         run_sweep(cfg, run_id="old", runs_dir=tmp_path / "runs", progress=False, resume=True)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from dynspec.io.lock import held, lock_file
+with held(lock_file(sys.argv[1], Path(sys.argv[2])), "busy {pid}", RuntimeError):
+    print("holding", flush=True)
+    time.sleep(30)
+"""
+
+
+def test_a_run_id_another_command_is_measuring_is_refused_in_one_line(tmp_path):
+    """A second --resume of a run under way used to measure the same levels again (duplicate rows)."""
+    run = run_sweep(load_config(CI_TINY), backend="sim", run_id="r", runs_dir=tmp_path, progress=False)
+    assert run.rows == 4
+    before = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "run", str(tmp_path / "r")], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        p = cli("--config", str(CI_TINY), "--backend", "sim", "--run-id", "r", "--resume", "--runs-dir", str(tmp_path),
+                "--no-progress")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert f"run r is being measured by another dynspec command (pid {holder.pid})" in p.stderr
+        assert {q: q.read_bytes() for q in (tmp_path / "r").rglob("*") if q.is_file()} == before
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdout.close()
+    # the holder gone, its lock went with it
+    p = cli("--config", str(CI_TINY), "--backend", "sim", "--run-id", "r", "--resume", "--runs-dir", str(tmp_path),
+            "--no-progress")
+    assert p.returncode == 0, p.stderr

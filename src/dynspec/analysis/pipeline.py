@@ -40,6 +40,7 @@ from dynspec.analysis.pipeline_settings import KERNEL, NOTEBOOKS, PipelineConfig
 from dynspec.analysis.pipeline_settings import (  # noqa: F401  (re-exported: pipeline.yaml and provenance.json)
     load_settings, save_provenance, save_settings, settings_data, settings_from_data)
 from dynspec.io.jsonl import read_json
+from dynspec.io.lock import held, lock_file
 from dynspec.live.config import run_id_problem
 from dynspec.models import validation_message
 from dynspec.paths import REPO_ROOT
@@ -99,7 +100,8 @@ def resolve(config: str | Path, *, backend: str | None = None, run_id: str | Non
     for d in (pc.run_dir, pc.report_dir, pc.build_dir, pc.old_dir):
         if d.is_symlink():  # --overwrite would empty whatever it points at
             raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
-    _recover(pc)
+    with _report_lock(pc):  # a publish another command has under way is not a cut one
+        _recover(pc)
     run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
     # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
     published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()
@@ -206,6 +208,11 @@ def execute_notebook(pc: PipelineConfig, name: str, log_output: bool = False) ->
 
 # Orchestration ------------------------------------------------------------------------
 
+def _report_lock(pc: PipelineConfig):
+    return held(lock_file("report", pc.report_dir),
+                f"report {pc.run_id} is being built by another dynspec command (pid {{pid}})", PipelineError)
+
+
 def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
                  notebooks: tuple[str, ...] = NOTEBOOKS, command: str = "pipeline",
                  argv: list[str] | None = None) -> Path:
@@ -222,20 +229,21 @@ def run_pipeline(pc: PipelineConfig, *, echo=print, log_output: bool = False,
         return result
 
     stage("kernel", lambda: ensure_kernel(pc.kernel))
-    _prepare_dirs(pc, command, argv)
-    echo(f"[pipeline] run folder: {pc.run_dir} (its sweep.log says what happened)")
-    for name in notebooks:
-        if name == "02_sweep":
-            with _following(pc.run_dir / "sweep.log", echo):
+    with _report_lock(pc):  # one command per report: two --overwrite would empty each other's folders
+        _prepare_dirs(pc, command, argv)
+        echo(f"[pipeline] run folder: {pc.run_dir} (its sweep.log says what happened)")
+        for name in notebooks:
+            if name == "02_sweep":
+                with _following(pc.run_dir / "sweep.log", echo):
+                    stage(name, lambda name=name: execute_notebook(pc, name, log_output))
+            else:
                 stage(name, lambda name=name: execute_notebook(pc, name, log_output))
-        else:
-            stage(name, lambda name=name: execute_notebook(pc, name, log_output))
-    stage("render html", lambda: render_html(pc.build_dir / "03_report.ipynb",
-                                             pc.build_dir / "report.html", f"dynspec report: {pc.run_id}"))
-    write_summary(pc, timings)
-    _publish(pc)
-    report = pc.report_dir / "report.html"
-    index = stage("index", lambda: write_index(pc.reports_dir))
+        stage("render html", lambda: render_html(pc.build_dir / "03_report.ipynb",
+                                                 pc.build_dir / "report.html", f"dynspec report: {pc.run_id}"))
+        write_summary(pc, timings)
+        _publish(pc)
+        report = pc.report_dir / "report.html"
+        index = stage("index", lambda: write_index(pc.reports_dir))
     echo(f"[pipeline] {'total':<15s} {time.perf_counter() - t_all:6.1f} s")
     echo(f"index:  {index}")
     echo(f"report: {report}")

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.io.atomic import write_json
-from dynspec.live.config import ConfigError, SweepConfig, bench_serving_problem, check_live
+from dynspec.io.lock import held, lock_file
+from dynspec.live.config import ConfigError, SweepConfig, bench_serving_problem, check_live, run_id_problem
 from dynspec.live.run_folder import SweepError, _now, _prepare, _write_provenance
 from dynspec.live.sweep_runner import _Sweep, level_seed  # noqa: F401  (level_seed re-exported)
 
@@ -103,7 +104,19 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
             build_prompts(cfg.prompts, 1, cfg.input_len, cfg.output_len, cfg.seed)
         except PromptError as exc:
             raise SweepError(str(exc)) from None
-    run, writer, done = _prepare(cfg, backend, run_id, resume, Path(runs_dir), config_path)
+    if run_id is None:
+        return _measure(cfg, backend, run_id, resume, Path(runs_dir), config_path, profile, progress, argv)
+    if run_id_problem(run_id):
+        raise SweepError(run_id_problem(run_id))
+    # One command per run id: a second --resume would measure the same levels again.
+    with held(lock_file("run", Path(runs_dir) / run_id),
+              f"run {run_id} is being measured by another dynspec command (pid {{pid}})", SweepError):
+        return _measure(cfg, backend, run_id, resume, Path(runs_dir), config_path, profile, progress, argv)
+
+
+def _measure(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, runs_dir: Path, config_path,
+             profile, progress: bool, argv: list[str] | None) -> RunResult:
+    run, writer, done = _prepare(cfg, backend, run_id, resume, runs_dir, config_path)
     from dynspec.environment import collect_environment
 
     env_path = run.dir / "environment.json"

@@ -4,7 +4,6 @@ across crashes.  A refusal is one line for the user and changes nothing."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -13,6 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from dynspec.io.lock import held, lock_file
 
 BACKUP_DIR = ".dynspec-backup"
 
@@ -42,35 +43,19 @@ class Target:
 # --- one command at a time ------------------------------------------------------------
 #
 # A second apply or revert must not take the first one's live journal for a crashed one.  The
-# lock is flock(2) on a file beside the system's temporary files (the tree itself stays as it
-# was), so it goes with its holder however that exits: no stale lock to break.
+# lock (dynspec.io.lock) is a file beside the system's temporary files, so the tree itself stays
+# as it was.
 
 
 def lock_path(target: Target) -> Path:
-    key = sha256(str(target.pkg.resolve()).encode())[:16]
-    return Path(tempfile.gettempdir()) / f"dynspec-patch-{key}.lock"
+    return lock_file("patch", target.pkg)
 
 
 @contextlib.contextmanager
 def exclusive(target: Target) -> Iterator[None]:
     """Hold the tree's lock for the block; a Refusal naming the holder when another has it."""
-    path = lock_path(target)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise Refusal(f"cannot open the lock {path} ({exc.strerror}); nothing changed") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise Refusal(f"another dynspec patch command (pid {owner}) is working on {target.pkg}; "
-                          "nothing changed") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    with held(lock_path(target), f"another dynspec patch command (pid {{pid}}) is working on {target.pkg}", Refusal):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 # --- writing: all files or none, across crashes -----------------------------------------
