@@ -285,9 +285,8 @@ def status(target: Target, root: Path | None = None) -> Status:
             raise Refusal(f"cannot read {f} ({exc.strerror})") from None
         current[rel] = data
         h = sha256(data)
-        states.append((rel, "upstream" if h == up else "patched" if h == patched else "other"))
-    states = [(rel, "stale" if s == "other" and sha256(current[rel] or b"") in ps.earlier.get(rel, ()) else s)
-              for rel, s in states]
+        states.append((rel, "upstream" if h == up else "patched" if h == patched
+                       else "stale" if h in ps.earlier.get(rel, ()) else "other"))
     kinds = {s for _, s in states}
     if kinds == {"upstream"}:
         return Status(UNPATCHED, target, ps, current)
