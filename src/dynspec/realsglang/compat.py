@@ -313,9 +313,24 @@ def record_stream_on_cpu(m):
 @after_import("sglang.srt.layers.utils.multi_platform", when="gpu")
 def torch_layers_on_gpu(m):
     """RMSNorm, SiluAndMul and rotary embedding take forward_cuda (sgl_kernel ops) on a GPU;
-    without the real sgl_kernel they must take their torch bodies (forward_native), which
-    CUDA graphs capture like any torch code."""
-    m.MultiPlatformOp.dispatch_forward = lambda self: self.forward_native
+    without the real sgl_kernel they take dynspec's fused Triton bodies (triton_layers: one
+    kernel an op, as sgl_kernel) and every other op its torch body (forward_native).
+    DYNSPEC_GPU_LAYERS=torch keeps the torch bodies everywhere, for comparison."""
+    layers = os.environ.get("DYNSPEC_GPU_LAYERS", "triton")
+    if layers not in ("triton", "torch"):
+        raise ValueError(f"DYNSPEC_GPU_LAYERS must be triton or torch, not {layers!r}")
+    fused = layers == "triton"
+
+    def dispatch_forward(self):
+        if fused:
+            from dynspec.realsglang.triton_layers import layer_forward
+
+            body = layer_forward(self)
+            if body is not None:
+                return body
+        return self.forward_native
+
+    m.MultiPlatformOp.dispatch_forward = dispatch_forward
 
 
 @after_import("sglang.srt.layers.attention.triton_backend", when="gpu")
