@@ -55,3 +55,16 @@ def test_two_plain_servers_give_the_noise_floor_of_a_round():
     # the envelope takes the faster of the two plain servers
     assert row["worst_round"] == pytest.approx(63 / 77)
     assert "twin_spread" not in standing(df, "dynspec-goodput").columns
+
+
+def test_a_skipped_arm_is_no_twin_and_no_envelope(tmp_path, capsys):
+    df = _results()
+    other = df[df["arm"] == "baseline"].assign(arm="baseline-torch", output_throughput=[200.0, 20.0])
+    pd.concat([df, other]).to_csv(tmp_path / "results.csv", index=False)
+    assert main([str(tmp_path), "--skip", "baseline-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "twin_spread" not in out and "0.950" in out  # as if the arm were not there
+    assert main([str(tmp_path)]) == 0
+    assert "twin_spread" in capsys.readouterr().out  # counted, it is taken for a second plain server
+    with pytest.raises(SystemExit, match="--skip baseline-3: no such arm"):
+        main([str(tmp_path), "--skip", "baseline-3"])

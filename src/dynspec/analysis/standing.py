@@ -9,7 +9,10 @@ static cutoff, say); EAGLE-3 over plain; and, with a simulated twin of the run, 
 Where a run has two servers doing the same work (two plain arms, say), `twin_spread` is the
 fastest of them over the slowest, per round: the noise floor of one ratio in that design.
 
-    python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput]
+    python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput] [--skip ARM ...]
+
+`--skip` leaves an arm out of every comparison: a server that is configured differently on
+purpose (SGLang's torch layer bodies beside the fused ones, say) is no twin and no envelope.
 """
 
 from __future__ import annotations
@@ -71,8 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", type=Path, help="a run folder with results.csv")
     p.add_argument("--arm", default="dynspec-goodput", help="the switching arm to judge (default dynspec-goodput)")
     p.add_argument("--sim", type=Path, help="the run's simulated twin (same arms and levels)")
+    p.add_argument("--skip", action="append", default=[], metavar="ARM", help="an arm left out (repeatable)")
     args = p.parse_args(argv)
-    table = standing(_read(args.run), args.arm, _read(args.sim) if args.sim else None)
+    live = _read(args.run)
+    unknown = sorted(set(args.skip) - set(live["arm"]))
+    if unknown:
+        raise SystemExit(f"standing: --skip {', '.join(unknown)}: no such arm in {args.run}")
+    live = live[~live["arm"].isin(args.skip)]
+    sim = _read(args.sim) if args.sim else None
+    if sim is not None:
+        sim = sim[~sim["arm"].isin(args.skip)]
+    table = standing(live, args.arm, sim)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 
