@@ -445,3 +445,17 @@ def test_a_kept_alive_connection_closed_by_the_server_is_retried_once():
     res = asyncio.run(go())
     assert res.failed == 0 and len(res.requests) == 3, res.error_summary()
     assert len(served) == 3 and len(dropped) == 2
+
+
+def test_a_load_that_moves_follows_each_prompts_cap():
+    fake = FakeServer()
+    caps = [1] * 2 + [4] * 8 + [1] * 2  # C 1 -> 4 -> 1
+    res = run(fake, random_prompts(12, 4, 3, seed=6), 4, caps=caps)
+    assert res.failed == 0 and len(res.requests) == 12 and fake.max_in_flight == 4
+    r = res.requests  # in prompt order
+    assert r[1].start >= r[0].end - 1e-6  # one at a time in the first phase
+    assert max(x.start for x in r[2:6]) < min(x.end for x in r[2:6])  # four at once in the second
+    assert r[10].start >= max(x.end for x in r[:10]) - 1e-6  # the load drops back to one
+    assert r[11].start >= r[10].end - 1e-6
+    with pytest.raises(ValueError, match="one cap of at least 1 per prompt"):
+        run(fake, random_prompts(3, 4, 3, seed=6), 2, caps=[1, 0, 1])

@@ -48,7 +48,7 @@ def error_of(tmp_path: Path, data) -> str:
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
 def test_shipped_configs_load(path):
     cfg = load_config(path)
-    assert cfg.arms and cfg.concurrency
+    assert cfg.arms and cfg.levels()
     # The resolved config is itself a valid config that means the same.
     assert parse_config(yaml.safe_load(resolved_yaml(cfg))) == cfg
 

@@ -596,3 +596,41 @@ def test_a_run_id_another_command_is_measuring_is_refused_in_one_line(tmp_path):
     p = cli("--config", str(CI_TINY), "--backend", "sim", "--run-id", "r", "--resume", "--runs-dir", str(tmp_path),
             "--no-progress")
     assert p.returncode == 0, p.stderr
+
+
+def test_a_load_that_moves_is_one_level_at_its_peak_in_the_sim_and_the_emulator(tmp_path):
+    from dynspec.live.config import bench_serving_problem
+
+    data = yaml.safe_load(CI_TINY.read_text())
+    for key in ("concurrency", "num_prompts"):
+        data.pop(key)
+    data["load_phases"] = [{"concurrency": 1, "requests": 3}, {"concurrency": 6, "requests": 12},
+                           {"concurrency": 1, "requests": 3}]
+    cfg = parse_config(data)
+    assert cfg.prompt_caps() == [1] * 3 + [6] * 12 + [1] * 3 and cfg.prompts_for(6) == 18
+    assert "load_phases" in bench_serving_problem(cfg)
+    for backend in ("sim", "emulate"):
+        res = run_sweep(cfg, backend=backend, run_id=backend, runs_dir=tmp_path, progress=False)
+        assert not res.failed and res.rows == 2, backend
+        rows = rows_of(tmp_path / backend)
+        assert {int(r["concurrency"]) for r in rows} == {6} and {int(r["completed"]) for r in rows} == {18}
+    # the same requests at a steady 6 take less time than with two phases of one at a time
+    steady = simulate_at(cfg.model_copy(update={"load_phases": None, "concurrency": [6], "num_prompts": 18}))
+    moving = read_table(tmp_path / "sim" / "results.csv").set_index("arm")["duration_s"]
+    assert all(moving[arm] > steady[arm] for arm in steady), (moving, steady)
+    bad = [({"concurrency": [4]}, "load_phases is the run's only level"),
+           ({"request_rates": [2.0]}, "load_phases is the run's only level"),
+           ({"load_phases": [{"concurrency": 4, "requests": 8}]}, "load_phases"),
+           ({"load_phases": [{"concurrency": 0, "requests": 8}, {"concurrency": 2, "requests": 1}]}, "concurrency")]
+    for change, msg in bad:
+        with pytest.raises(ConfigError, match=msg):
+            parse_config({**data, **change})
+
+
+def simulate_at(cfg) -> "dict[str, float]":
+    from dynspec.sim.profile import load_profile
+    from dynspec.sim.run import simulate_level
+
+    return {a.name: simulate_level(load_profile(cfg.profile), a.sim_arm, 6, num_prompts=18, input_len=cfg.input_len,
+                                   output_len=cfg.output_len, seed=level_seed(cfg.seed, 6, 0))[0]["duration_s"]
+            for a in cfg.arms}

@@ -262,13 +262,15 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
                           model: str | None = None, warmup: int = 0, request_timeout: float = 600.0,
                           level_timeout: float | None = None, progress: bool = False, desc: str = "",
                           should_stop: Callable[[], bool] | None = None,
-                          arrivals: Sequence[float] | None = None) -> LevelResult:
+                          arrivals: Sequence[float] | None = None,
+                          caps: Sequence[int] | None = None) -> LevelResult:
     """Run one level: warm-up requests first (not measured), then every prompt once.
 
     Closed loop (arrivals None): `concurrency` workers, each sending its next prompt when its last
-    request ends.  Open loop: prompt i is sent `arrivals[i]` seconds after the level starts
-    (dynspec.sim.arrivals), at most `concurrency` in flight when it is >= 1 (0: no cap); a request
-    held back by the cap starts its clock when it is sent, as bench_serving's.
+    request ends; with `caps`, prompt i is sent as soon as fewer than caps[i] requests are in flight
+    (a load that moves: the config's load_phases).  Open loop: prompt i is sent `arrivals[i]` seconds
+    after the level starts (dynspec.sim.arrivals), at most `concurrency` in flight when it is >= 1
+    (0: no cap); a request held back by the cap starts its clock when it is sent, as bench_serving's.
     """
     if api not in API_PATHS:
         raise ValueError(f"unknown api {api!r} ({', '.join(API_PATHS)})")
@@ -276,6 +278,8 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
         raise ValueError("concurrency must be at least 1")
     if arrivals is not None and len(arrivals) != len(prompts):
         raise ValueError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
+    if caps is not None and (arrivals is not None or len(caps) != len(prompts) or min(caps, default=1) < 1):
+        raise ValueError("caps: one cap of at least 1 per prompt, closed loop only")
     url = _level_url(base_url, api)
     timeout = request_timeout
     result = LevelResult(requests=[])
@@ -309,7 +313,9 @@ async def run_level_async(base_url: str, prompts: Sequence[Prompt], concurrency:
             if bar is not None:
                 bar.update(1)
 
-        if arrivals is None:
+        if caps is not None:
+            tasks = [asyncio.ensure_future(_phased_loop(send, caps, should_stop, result))]
+        elif arrivals is None:
             todo = iter(range(len(prompts)))
 
             async def worker() -> None:
@@ -378,6 +384,39 @@ async def _open_loop(send, arrivals: Sequence[float], cap: int, should_stop, res
             delay = t0 + at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:  # cancelled (level timeout) or failed: no request left running
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _phased_loop(send, caps: Sequence[int], should_stop, result: LevelResult) -> None:
+    """Closed loop whose concurrency moves: prompt i is sent once fewer than caps[i] are in flight."""
+    in_flight = 0
+    freed = asyncio.Event()
+    tasks: list[asyncio.Future] = []
+
+    async def one(i: int) -> None:
+        nonlocal in_flight
+        try:
+            await send(i)
+        finally:
+            in_flight -= 1
+            freed.set()
+
+    try:
+        for i, cap in enumerate(caps):
+            while in_flight >= cap:
+                freed.clear()
+                await freed.wait()
+            if should_stop is not None and should_stop():
+                result.stopped = True
+                break
+            in_flight += 1
             tasks.append(asyncio.ensure_future(one(i)))
         if tasks:
             await asyncio.gather(*tasks)

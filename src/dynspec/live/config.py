@@ -140,6 +140,14 @@ class Prompts(StrictModel):
         return self
 
 
+class LoadPhase(StrictModel):
+    """One phase of a level whose load moves: `requests` prompts sent with at most `concurrency`
+    in flight (closed loop), then the next phase's."""
+
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
+    requests: int = Field(ge=1, le=MAX_PROMPTS)
+
+
 class SLO(StrictModel):
     """Service-level objectives in ms, as vLLM's --goodput ttft:X tpot:Y e2el:Z: a request is good
     when it succeeds and meets every one given."""
@@ -303,6 +311,10 @@ class SweepConfig(StrictModel):
     max_concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # rate levels: cap on requests in flight
     rate_duration_s: float = Field(30.0, gt=0, le=MAX_SECONDS)  # rate levels: num_prompts default rate x this
     num_prompts: int | None = Field(None, ge=1, le=MAX_PROMPTS)  # None: max(prompts_per_client*C, min_prompts)
+    # A load that moves within one level (e.g. C 4 -> 64 -> 4): the run's only level, keyed by its
+    # peak concurrency; every arm gets the same prompts with the same caps, and is judged over the
+    # whole level.
+    load_phases: list[LoadPhase] | None = Field(None, min_length=2, max_length=64)
     # The workload's defaults are Workload's (models.py), shared with `dynspec sim` and fit specs.
     prompts_per_client: int = Field(field_default(Workload, "prompts_per_client"), ge=1, le=MAX_PROMPTS)
     min_prompts: int = Field(field_default(Workload, "min_prompts"), ge=1, le=MAX_PROMPTS)
@@ -352,6 +364,14 @@ class SweepConfig(StrictModel):
 
     @model_validator(mode="after")
     def _some_level(self) -> "SweepConfig":
+        if self.load_phases is not None:
+            peak = max(p.concurrency for p in self.load_phases)
+            if self.request_rates or self.num_prompts is not None or self.concurrency not in ([], [peak]):
+                raise ValueError(f"load_phases is the run's only level: leave out request_rates and num_prompts, "
+                                 f"and concurrency (or give [{peak}], the peak)")
+            if sum(p.requests for p in self.load_phases) > MAX_PROMPTS:
+                raise ValueError(f"load_phases: more than {MAX_PROMPTS} requests in all")
+            return self
         if not self.concurrency and not self.request_rates:
             raise ValueError("give concurrency levels, request_rates, or both")
         return self
@@ -367,8 +387,16 @@ class SweepConfig(StrictModel):
 
     def levels(self) -> list[Level]:
         """Closed-loop levels, then open-loop ones, in the config's order."""
+        if self.load_phases is not None:
+            return [Level(max(p.concurrency for p in self.load_phases))]
         cap = self.max_concurrency or 0
         return [Level(c) for c in self.concurrency] + [Level(cap, r) for r in self.request_rates]
+
+    def prompt_caps(self) -> list[int] | None:
+        """With load_phases: each prompt's cap on requests in flight, in send order; else None."""
+        if self.load_phases is None:
+            return None
+        return [p.concurrency for p in self.load_phases for _ in range(p.requests)]
 
     @property
     def workload(self) -> Workload:
@@ -381,6 +409,8 @@ class SweepConfig(StrictModel):
         for an open-loop one."""
         if self.num_prompts is not None:
             return self.num_prompts
+        if self.load_phases is not None:
+            return sum(p.requests for p in self.load_phases)
         if isinstance(level, int):
             level = Level(level)
         if level.closed:
@@ -427,6 +457,8 @@ def bench_serving_problem(cfg: SweepConfig) -> str:
     """What sglang.bench_serving 0.5.9 cannot do of this config ("" when nothing), for every arm it
     may drive: "key: why"."""
     p = cfg.prompts
+    if cfg.load_phases is not None:
+        return "load_phases: sglang.bench_serving cannot move its concurrency within a level; use driver dynspec"
     if cfg.request_rates and cfg.burstiness != 1.0:
         return "burstiness: sglang.bench_serving 0.5.9 sends Poisson arrivals only (burstiness 1); use driver dynspec"
     if p.source == "jsonl":

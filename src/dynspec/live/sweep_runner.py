@@ -248,6 +248,7 @@ class _Sweep:
         metrics, records = simulate_level(self.profile, arm.sim_arm, lv.concurrency, num_prompts=cfg.prompts_for(lv),
                                           input_len=cfg.input_len, output_len=cfg.output_len, seed=seed,
                                           request_rate=lv.rate, burstiness=cfg.burstiness, lengths=lengths,
+                                          caps=cfg.prompt_caps(),
                                           **cfg.summary_args())
         path = self.run.requests_path(level_name(arm.name, lv, r))
         self.run.keep_old(path)
@@ -326,7 +327,8 @@ class _Sweep:
         arrivals = None if lv.closed else \
             [t / self.time_scale for t in arrival_times(len(prompts), lv.rate, cfg.burstiness, seed)]
         result = run_level(self._measured().base_url, prompts, lv.concurrency, **self._common(arm),
-                           level_timeout=cfg.timeouts.level_s, progress=self.progress, desc=name, arrivals=arrivals)
+                           level_timeout=cfg.timeouts.level_s, progress=self.progress, desc=name, arrivals=arrivals,
+                           caps=cfg.prompt_caps())
         records = result.requests
         if self.time_scale != 1.0:
             records = [x.in_profile_time(self.time_scale) for x in records]

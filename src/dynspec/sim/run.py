@@ -64,7 +64,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
                    seed: int = 0, engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
                    burstiness: float = 1.0, lengths: list[tuple[int, int]] | None = None,
                    percentiles=DEFAULT_PERCENTILES, slo: dict | None = None,
-                   on_step=None) -> tuple[dict, list[RequestRecord]]:
+                   on_step=None, caps: list[int] | None = None) -> tuple[dict, list[RequestRecord]]:
     """Run one (arm, level); return the metric columns and per-request records.
 
     Closed loop (request_rate inf): at most `concurrency` requests in flight, the next sent when
@@ -72,6 +72,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     intervals of shape burstiness, seeded), at most `concurrency` in flight when it is >= 1 (0: no
     cap); a request held back by the cap starts its clock when it is sent, as bench_serving's.
     lengths: (input, output) tokens per request, instead of input_len/output_len for all.
+    caps: closed loop only, request i sent once fewer than caps[i] are in flight (a load that moves).
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
     catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
     on_step(engine, step), when given, is called after every engine step (experiments/generated-machines/trace_level.py).
@@ -82,6 +83,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     closed = math.isinf(request_rate)
     n = (default_num_prompts(concurrency) if num_prompts is None else num_prompts) if lengths is None else len(lengths)
     _check_level(concurrency if closed else max(concurrency, 1), n, input_len, output_len)
+    if caps is not None and (not closed or len(caps) != n or min(caps) < 1):
+        raise ValueError("caps: one cap of at least 1 per request, closed loop only")
     sizes = lengths or [(input_len, output_len)] * n
     engine = Engine(profile, build_policy(spec, load_profile=load_profile) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
     cap = concurrency if closed or concurrency >= 1 else n
@@ -91,7 +94,7 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     last_pass = -1.0  # the clock of the previous submission pass
     while True:
         now = engine.clock
-        while sent < n and in_flight < cap and arrive[sent] <= now:
+        while sent < n and in_flight < (cap if caps is None else caps[sent]) and arrive[sent] <= now:
             req = engine.submit(*sizes[sent])
             # Arrived since the last pass: sent on arrival (joins the next step); else it waited for a slot.
             req.submit_time = arrive[sent] if arrive[sent] > last_pass and not closed else now
