@@ -16,7 +16,13 @@ gpu_clock_log() {
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu,clocks_throttle_reasons.active \
         --format=csv -l 1 > "$OUT/gpu-clocks.csv" 2>/dev/null &
     GPU_CLOCK_LOG_PID=$!
-    trap 'kill $GPU_CLOCK_LOG_PID 2>/dev/null' EXIT
+    # The host's CPU time once a second (/proc/stat: user, system, idle, iowait, steal per CPU, in
+    # clock ticks): a server's eager work (prefill) runs as fast as its core, which the machine's
+    # hypervisor may share ("steal").
+    ( while true; do echo "$(date +%s.%N) $(grep '^cpu' /proc/stat | tr '\n' ' ')"; sleep 1; done ) \
+        > "$OUT/cpu-stat.log" 2>/dev/null &
+    CPU_STAT_LOG_PID=$!
+    trap 'kill $GPU_CLOCK_LOG_PID $CPU_STAT_LOG_PID 2>/dev/null' EXIT
 }
 # The 8B-shaped models in models-8b/: dummy weights ("--dummy llama-3.1-8b") or crafted ones
 # ("--crafted llama-3.1-8b --draft-accuracy 0.6", drawn on the GPU).  Kept on a machine held
