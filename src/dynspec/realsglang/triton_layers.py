@@ -17,11 +17,13 @@ without offsets.  Checked against the torch bodies on CPU with Triton's interpre
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:  # torch is imported where it runs (inside a server), as dynspec's other modules do
+    import torch
 
 
 @triton.jit
@@ -82,6 +84,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """RMSNorm of x (and of x + residual, which is then written to residual): forward_native's math."""
+    import torch
+
     rows = _rows(x)
     n_rows, n_cols = rows.shape
     out = torch.empty_like(rows)
@@ -95,6 +99,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :d]) * x[..., d:] with d = half the last dimension."""
+    import torch
+
     rows = _rows(x)
     n_rows, d = rows.shape[0], rows.shape[1] // 2
     out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
