@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-# No GPU here: a Triton kernel a test runs is run by Triton's interpreter, chosen when a kernel is
-# decorated, so before any test imports one.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pipeline_fixture import Published, publish
 

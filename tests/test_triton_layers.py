@@ -1,22 +1,30 @@
 """dynspec's fused Triton bodies for RMSNorm, SiluAndMul and neox rope (dynspec.realsglang.triton_layers),
-run on this CPU by Triton's interpreter and checked against the float64 math of SGLang's torch bodies."""
+run on this CPU by Triton's interpreter and checked against the float64 math of SGLang's torch bodies.
+
+The interpreter is chosen when triton is first imported, and torch imports triton: the checks run
+in a child process that starts with TRITON_INTERPRET=1, so no other test (nor the SGLang servers
+they start) inherits it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+ROOT = Path(__file__).resolve().parents[1]
 
-@pytest.fixture(scope="module")
-def tl_mod():
-    assert os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py: no GPU here
-    import dynspec.realsglang.triton_layers as mod
 
-    return mod
+def test_fused_kernels_match_the_torch_math_under_tritons_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.split() == [f"ok:{c.__name__}" for c in CHECKS]
 
 
 def close(a, b, tol=2e-2):
@@ -24,7 +32,7 @@ def close(a, b, tol=2e-2):
     return torch.allclose(a.double(), b.double(), atol=tol, rtol=tol)
 
 
-def test_rms_norm_with_and_without_residual(tl_mod):
+def check_rms_norm_with_and_without_residual(tl_mod):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 96, generator=g).to(torch.bfloat16)
     res = torch.randn(5, 96, generator=g).to(torch.bfloat16)
@@ -44,7 +52,7 @@ def test_rms_norm_with_and_without_residual(tl_mod):
     assert not close(tl_mod.rms_norm(x, w, eps), ref(summed))  # the add matters at this scale
 
 
-def test_rms_norm_rows_of_a_3d_tensor_and_empty(tl_mod):
+def check_rms_norm_rows_of_a_3d_tensor_and_empty(tl_mod):
     x = torch.randn(2, 3, 64).to(torch.bfloat16)
     w = torch.ones(64, dtype=torch.bfloat16)
     out = tl_mod.rms_norm(x, w, 1e-6)
@@ -53,14 +61,14 @@ def test_rms_norm_rows_of_a_3d_tensor_and_empty(tl_mod):
     assert tl_mod.rms_norm(torch.empty(0, 64, dtype=torch.bfloat16), w, 1e-6).shape == (0, 64)
 
 
-def test_silu_and_mul(tl_mod):
+def check_silu_and_mul(tl_mod):
     x = torch.randn(3, 2 * 1100).to(torch.bfloat16)  # d over one block: two programs a row
     out = tl_mod.silu_and_mul(x)
     gate, up = x[:, :1100].double(), x[:, 1100:].double()
     assert out.shape == (3, 1100) and close(out, torch.nn.functional.silu(gate) * up)
 
 
-def test_rope_neox_rotates_q_and_k_heads_in_place(tl_mod):
+def check_rope_neox_rotates_q_and_k_heads_in_place(tl_mod):
     head, rot, n_q, n_k, n = 16, 8, 3, 2, 4
     base = 10000.0
     inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
@@ -97,7 +105,7 @@ class RMSNorm:  # named as SGLang's, with the attributes its body reads
         return x
 
 
-def test_uncovered_cases_keep_the_torch_body(tl_mod):
+def check_uncovered_cases_keep_the_torch_body(tl_mod):
     x = torch.randn(2, 8).to(torch.bfloat16)
     for kw in ({"variance_size_override": 4}, {"fp32_residual": True}, {"cast_x_before_out_mul": True}):
         op = RMSNorm(**kw)
@@ -109,3 +117,16 @@ def test_uncovered_cases_keep_the_torch_body(tl_mod):
     tl_mod.layer_forward(op)(x)
     assert op.native_calls == 1  # covered: the fused body ran
     assert tl_mod.layer_forward(object()) is None
+
+
+CHECKS = [check_rms_norm_with_and_without_residual, check_rms_norm_rows_of_a_3d_tensor_and_empty,
+          check_silu_and_mul, check_rope_neox_rotates_q_and_k_heads_in_place,
+          check_uncovered_cases_keep_the_torch_body]
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    import dynspec.realsglang.triton_layers as mod
+
+    for check in CHECKS:
+        check(mod)
+        print(f"ok:{check.__name__}")

@@ -360,6 +360,13 @@ def _level_url(base_url: str, api: str) -> str:
     return base_url.rstrip("/") + API_PATHS[api]
 
 
+async def _cancel_all(tasks: list[asyncio.Future]) -> None:
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _open_loop(send, arrivals: Sequence[float], cap: int, should_stop, result: LevelResult) -> None:
     """Send request i at arrivals[i] (s from now), at most `cap` in flight (0: no cap)."""
     loop = asyncio.get_running_loop()
@@ -388,10 +395,7 @@ async def _open_loop(send, arrivals: Sequence[float], cap: int, should_stop, res
         if tasks:
             await asyncio.gather(*tasks)
     finally:  # cancelled (level timeout) or failed: no request left running
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(tasks)
 
 
 async def _phased_loop(send, caps: Sequence[int], should_stop, result: LevelResult) -> None:
@@ -421,10 +425,7 @@ async def _phased_loop(send, caps: Sequence[int], should_stop, result: LevelResu
         if tasks:
             await asyncio.gather(*tasks)
     finally:  # cancelled (level timeout) or failed: no request left running
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(tasks)
 
 
 def run_level(base_url: str, prompts: Sequence[Prompt], concurrency: int, **kwargs) -> LevelResult:
