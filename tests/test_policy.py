@@ -933,3 +933,22 @@ def test_the_goodput_options_in_the_docs_are_the_parameters_defaults():
     assert documented == expected
     p = build_policy("goodput")
     assert p.params == defaults and (p.probe, p.lead, p.window) == (defaults.probe, defaults.lead, defaults.window)
+
+
+def test_goodput_notices_when_acceptance_rises_while_it_decodes_plain():
+    """Prompts whose drafts the model gets right arrive after a long stretch of ones it gets
+    wrong (an acceptance shift, live on one H200: the easy half of a level went by at 1-2% of
+    steps speculated).  The first probe after the shift lies many standard errors from the
+    estimate: the estimate restarts from it instead of moving a fifth of the way per probe, so
+    speculation is back at that probe, not two or three probe intervals later (112-127 steps
+    after it here before; each interval a few hundred steps)."""
+    for seed in range(3):
+        policy, batch = Goodput(), 16
+        hard = Machine(plain=ms(5.0, 0.0), spec=ms(10.0, 0.0), accepted_mean=0.3, seed=7 + seed)
+        easy = Machine(plain=ms(5.0, 0.0), spec=ms(10.0, 0.0), accepted_mean=2.4, seed=8 + seed)
+        run(policy, hard, [batch] * 3000)
+        assert not policy._choice[bucket_of(batch)]  # spec/plain about 0.6 here
+        after = run(policy, easy, [batch] * 1000)  # about 1.6 now
+        first = after.index(True)  # the first probe after the shift
+        back = next(i for i in range(len(after)) if sum(after[i:i + 50]) >= 45)
+        assert back - first < 20, (seed, first, back)

@@ -45,6 +45,10 @@ class GoodputConstants:
     OV_DECAY = 0.98  # per prefill forward: the prefill overhead forgets over ~50 of them
     EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
     STALL_MAX = 2.0  # a steady step counts for at most this many times the estimate it updates
+    # A probe's acceptance this many standard errors from the estimate: the requests changed
+    # (Goodput._shifted); about 3 in 1,000 probes of unchanged requests cross it, each costing a
+    # few probes more.
+    SHIFT_Z = 3.0
 
 
 def knob(default: Any, help: str, option: str | None = None) -> Any:

@@ -98,6 +98,12 @@ class Goodput(Decision):
             if gap > 1 and w < self.alpha:
                 w = min(self.alpha, 1.0 - (1.0 - w) ** gap)
             prev, g = self.acc_est[b], self.acc_global
+            if gap > 1 and prev is not None and self._shifted(a - prev, k):
+                # The requests accept differently now (new prompts): the samples behind the
+                # estimate describe requests that are gone.  Start again from this one, bucket
+                # and global, as uncertain as a first sample, so the next probes come soon.
+                prev = g = None
+                self.n_acc[b], self._acc_steps[b] = 0, 0.0
             self.n_acc[b] += 1
             ns = self._acc_steps[b] + 1.0
             self._acc_steps[b] = ns if ns < self._acc_steps_max else self._acc_steps_max
@@ -164,6 +170,14 @@ class Goodput(Decision):
         if self._self_sync and self._schedule.due(self._step, bs, speculated):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
+
+    def _shifted(self, diff: float, k: int) -> bool:
+        """A sample of k requests' mean accepted drafts `diff` from the estimate, after steps
+        without samples (a probe): beyond SHIFT_Z standard errors of a k-request mean (the
+        spread within and between requests), more than the estimate's drift explains."""
+        within = self._var_within if self._var_within is not None else self._sd_within ** 2
+        between = self._var_between if self._var_between is not None and self._var_between > 0.0 else 0.0
+        return diff * diff * k > self.SHIFT_Z * self.SHIFT_Z * (within + between)
 
     def state_key(self) -> tuple:
         # The state decisions follow (estimates enter through _choice and _interval, how finishes
