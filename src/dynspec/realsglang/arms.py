@@ -100,7 +100,7 @@ def greedy(server: ArmServer, prompts: list[list[int]], lengths: list[int], conc
     """Each prompt with its output length, `concurrency` at a time: [{"ids", "meta"}] in prompt order.
     A request unanswered after `timeout` seconds raises (a hung server is a failure, not a wait)."""
     with ThreadPoolExecutor(concurrency) as pool:
-        outs = list(pool.map(lambda p: generate(server.base_url, *p, timeout=timeout), zip(prompts, lengths)))
+        outs = list(pool.map(lambda p: generate(server.base_url, p[0], p[1], timeout=timeout), zip(prompts, lengths)))
     return [{"ids": o["output_ids"], "meta": o["meta_info"]} for o in outs]
 
 
