@@ -99,8 +99,11 @@ def greedy(server: ArmServer, prompts: list[list[int]], lengths: list[int], conc
            timeout: float = 600.0) -> list[dict]:
     """Each prompt with its output length, `concurrency` at a time: [{"ids", "meta"}] in prompt order.
     A request unanswered after `timeout` seconds raises (a hung server is a failure, not a wait)."""
-    with ThreadPoolExecutor(concurrency) as pool:
+    pool = ThreadPoolExecutor(concurrency)
+    try:
         outs = list(pool.map(lambda p: generate(server.base_url, p[0], p[1], timeout=timeout), zip(prompts, lengths)))
+    finally:  # after a timeout the queued prompts are not sent: one watchdog period, not one per prompt
+        pool.shutdown(wait=True, cancel_futures=True)
     return [{"ids": o["output_ids"], "meta": o["meta_info"]} for o in outs]
 
 
