@@ -13,7 +13,10 @@ decision for decision.  The mutant arm decides from a rank-local value (its rank
 batch size) and must fail the very check the good arms pass: on 2026-12-04 (this machine) its
 ranks parted at batch 2, rank 1 aborted in a gloo all-reduce ("Received data size doesn't match
 expected size ... 1536 vs 512": the ranks ran different forwards) and the server went down.  NCCL checks no sizes: on GPUs the same mismatch hangs, which the watchdog (a
-per-request timeout) counts as the failure it is.
+per-request timeout) counts as the failure it is.  In a second run the mutant stopped answering
+at its first request (before its rank-local input could change a decision), and in the first the
+good threshold arm stalled once after a plain -> spec switch on a machine at load average 30+:
+those stalls are not explained yet (docs/REAL_SGLANG.md).
 
 Slow: five servers (nine scheduler processes) start side by side; 548 s on this 2-core machine on
 2026-12-04 while other servers loaded it (load average 20-36), most of it start-up.  `make test`
