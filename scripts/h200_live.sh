@@ -5,7 +5,8 @@
 #      experiments/h200-llama8b-price/live.yaml (plain, EAGLE-3, patched never / goodput / threshold:16).
 # Needs the wheels in .whl/ (scripts/fetch_h200_wheels.sh, run here first; carried with the call).
 # Results land in $OUT: identity.txt/.json, sweep.log, h200-llama8b-live.tgz (the run folder),
-# gpu-clocks.csv (the GPU's clocks, temperature and power, once a second).
+# gpu-clocks.csv (the GPU's clocks, temperature and power, once a second), rank-traces.txt (TP servers:
+# every rank's step trace compared row by row, dynspec.analysis.rank_traces).
 set -u
 source scripts/h200_setup.sh
 gpu_clock_log
@@ -33,5 +34,11 @@ echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
 if [ -n "$(ls /tmp/traces 2>/dev/null)" ]; then
     n=1; while [ -e "/tmp/runs/$RUN/traces.call$n" ]; do n=$((n + 1)); done
     cp -r /tmp/traces "/tmp/runs/$RUN/traces.call$n"
+    # TP servers write a trace per rank (PATH, PATH.rank1, ...): every rank's decisions, row by row
+    if ls /tmp/traces | grep -q '\.rank1$'; then
+        python3 -m dynspec.analysis.rank_traces /tmp/traces > "/tmp/runs/$RUN/traces.call$n/rank-traces.txt" 2>&1
+        echo "rank traces exit $?" >> "/tmp/runs/$RUN/traces.call$n/rank-traces.txt"
+        cp "/tmp/runs/$RUN/traces.call$n/rank-traces.txt" "$OUT/rank-traces.txt"; cat "$OUT/rank-traces.txt"
+    fi
 fi
 tar czf "$OUT/$RUN.tgz" -C /tmp/runs "$RUN"

@@ -5,6 +5,9 @@ OUT=${OUT:-/tmp/h200-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DYNSPEC_SGLANG_CACHE=/tmp/sglang-cache DYNSPEC_WHEEL_CACHE=$PWD/.whl
 [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v /sglang-) && touch /tmp/site/.installed; } || exit 1
 export PYTHONPATH=$PWD/src:/tmp/site
+# TP servers on several GPUs of one host: NCCL's NVLink multicast (NVLS) stays off, as the
+# multi-GPU machines this runs on require; TP=2 all-reduces over NVLink rings.
+export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # Between phases of one call: a killed server frees its GPU memory only once its processes are
 # gone; the next phase's servers size their KV pools from what is free then.

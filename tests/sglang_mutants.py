@@ -28,6 +28,14 @@ MUTANTS = {
                              "            0 and _dynspec_draft_kv_catch_up(\n                self.draft_worker.draft_runner, aux"),
 }
 CATCH_UP_MUTANTS = ("mutant-no-catch-up", "mutant-resume-before-flush")
+# Under tensor parallelism (tests/test_real_sglang_tp.py): the decision reads a rank-local value,
+# its TP rank added to the batch size, so with a batch-size threshold rank 1 goes plain one
+# batch size before rank 0 does, and the ranks run different forwards.
+TP_MUTANTS = {
+    "mutant-rank-local": ("    return not ctl.decide(len(batch.seq_lens), _dynspec_can_plain(batch), batch.reqs)\n",
+                          "    return not ctl.decide(len(batch.seq_lens) + ctl.tp_rank, _dynspec_can_plain(batch), "
+                          "batch.reqs)\n"),
+}
 
 
 def mutant_site(tmp, name: str):
@@ -35,7 +43,7 @@ def mutant_site(tmp, name: str):
     site = tmp / name
     shutil.copytree(realsglang.sglang_site(patched=True), site, symlinks=True)
     path = site / "sglang/srt/speculative/eagle_worker_v2.py"
-    old, new = MUTANTS[name]
+    old, new = {**MUTANTS, **TP_MUTANTS}[name]
     text = path.read_text()
     assert text.count(old) == 1, f"mutant {name}: the patched plain step no longer has {old!r}"
     path.write_text(text.replace(old, new))

@@ -197,3 +197,11 @@ def test_the_v2_draft_extend_graph_is_replayed_with_the_eager_layout():
     other.init_forward_metadata_replay_cuda_graph(3, torch.tensor([2, 0, 3]), seq, 29, None,
                                                   types.SimpleNamespace(is_draft_extend_v2=lambda: False), spec, None)
     assert other.qo_indptr[:4].tolist() == [0, 2, 3, 7]
+
+
+def test_cpu_cores_are_split_between_tp_ranks():
+    """SGLang 0.5.9 on a CPU binds each TP rank to cores; a one-NUMA-node machine gets them split."""
+    assert [compat.rank_cores(2, r, [0, 1]) for r in range(2)] == ["0", "1"]
+    assert [compat.rank_cores(2, r, [3, 0, 1, 2]) for r in range(2)] == ["0,1", "2,3"]
+    assert [compat.rank_cores(3, r, [0, 1]) for r in range(3)] == ["0", "1", "0"]  # fewer cores than ranks
+    assert compat.rank_cores(2, 1, [4, 5, 6, 7, 8]) == "6,7"

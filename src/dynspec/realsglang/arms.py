@@ -33,6 +33,7 @@ class Arm:
     env: dict = field(default_factory=dict)
     args: tuple[str, ...] = ()
     site: Path | None = None  # an sglang copy other than the cached upstream/patched one
+    tp: int = 1  # --tp-size: tensor-parallel ranks (on a CPU over gloo, one scheduler process each)
 
 
 def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: Sequence[str] = (),
@@ -49,9 +50,15 @@ def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra
     # SGLang picks its NCCL store port at random, and arms started together can collide.
     port = quiet_port()
     argv = realsglang.server_argv(models / "target", port, draft=models / "draft" if arm.speculative else None,
-                                  gpu=gpu, extra=[*extra_args, *arm.args, "--nccl-port", str(quiet_port())])
+                                  gpu=gpu, extra=[*extra_args, *arm.args, *tp_args(arm.tp), "--nccl-port", str(quiet_port())])
     return ArmServer(arm.name, argv, port=port, env=env, log_path=logdir / f"{arm.name}.log",
                      startup_timeout=startup_timeout, shutdown_grace=10)
+
+
+def tp_args(tp: int) -> list[str]:
+    if tp < 1:
+        raise ValueError(f"Arm.tp must be 1 or more, not {tp}")
+    return [] if tp == 1 else ["--tp-size", str(tp)]
 
 
 @contextlib.contextmanager
@@ -88,10 +95,15 @@ def generate(base_url: str, ids: list[int], max_new_tokens: int, timeout: float 
         return json.loads(r.read())
 
 
-def greedy(server: ArmServer, prompts: list[list[int]], lengths: list[int], concurrency: int) -> list[dict]:
-    """Each prompt with its output length, `concurrency` at a time: [{"ids", "meta"}] in prompt order."""
-    with ThreadPoolExecutor(concurrency) as pool:
-        outs = list(pool.map(lambda p: generate(server.base_url, *p), zip(prompts, lengths)))
+def greedy(server: ArmServer, prompts: list[list[int]], lengths: list[int], concurrency: int,
+           timeout: float = 600.0) -> list[dict]:
+    """Each prompt with its output length, `concurrency` at a time: [{"ids", "meta"}] in prompt order.
+    A request unanswered after `timeout` seconds raises (a hung server is a failure, not a wait)."""
+    pool = ThreadPoolExecutor(concurrency)
+    try:
+        outs = list(pool.map(lambda p: generate(server.base_url, p[0], p[1], timeout=timeout), zip(prompts, lengths)))
+    finally:  # after a timeout the queued prompts are not sent: one watchdog period, not one per prompt
+        pool.shutdown(wait=True, cancel_futures=True)
     return [{"ids": o["output_ids"], "meta": o["meta_info"]} for o in outs]
 
 

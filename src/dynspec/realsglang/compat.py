@@ -284,6 +284,33 @@ def no_cuda_sync_when_sharing_embeddings(m):
         setattr(cls, name, without_sync)
 
 
+@after_import("sglang.srt.model_executor.model_runner", when="cpu")
+def cores_per_tp_rank(m):
+    """On a CPU, 0.5.9 gives each TP rank one NUMA node's cores and refuses a --tp-size above
+    the node count unless SGLANG_CPU_OMP_THREADS_BIND names each rank's cores.  A one-node
+    machine (this project's, a CI runner) then cannot serve TP=2.  Unset, the machine's cores
+    are split into tp_size contiguous shares (ranks share a core when there are fewer cores
+    than ranks).  The binding is used only by sgl_kernel's CPU kernels (AMX, arm64): the
+    stand-in has none, so this decides nothing but that the server starts."""
+    original = m.ModelRunner.init_threads_binding
+
+    def init_threads_binding(self):
+        if os.environ.get("SGLANG_CPU_OMP_THREADS_BIND") or self.tp_size <= len(m.get_cpu_ids_by_node()):
+            return original(self)
+        self.local_omp_cpuid = rank_cores(self.tp_size, self.tp_rank)
+
+    m.ModelRunner.init_threads_binding = init_threads_binding
+
+
+def rank_cores(tp_size: int, tp_rank: int, cores: list[int] | None = None) -> str:
+    """The cores of one TP rank, as SGLANG_CPU_OMP_THREADS_BIND writes one rank's share ("0,1")."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if len(cores) < tp_size:
+        return str(cores[tp_rank % len(cores)])
+    share = len(cores) // tp_size
+    return ",".join(map(str, cores[tp_rank * share:(tp_rank + 1) * share]))
+
+
 @after_import("sglang.srt.mem_cache.memory_pool", when="cpu")
 def no_triton_kv_copy_warmup(m):
     """A speculative server's KV pool warms up a triton KV-copy kernel at start; on a CPU it

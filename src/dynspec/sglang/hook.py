@@ -329,6 +329,9 @@ class Controller(TPAgreement):
             "plain_step": self.plain_step_kind,
             "step_times_used": self.times_agreed,
             "tp_size": self.tp_size,
+            # the running TP agreements (tp_agreement): how many, and their host time on this rank
+            "tp_agreements": self.agreements,
+            "tp_agreement_ms": round(self.agreement_s * 1e3, 3),
             # The sums behind the mean: acceptance over any stretch of traffic is a difference.
             "drafts_accepted": self._accepted_sum,
             "request_steps_speculated": self._accepted_n,

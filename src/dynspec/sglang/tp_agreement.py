@@ -23,6 +23,7 @@ Standard library and dynspec.policy only: it runs inside SGLang's scheduler.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, TypeVar
 
 from dynspec.policy import FailSafePolicy, SyncHook, SyncSchedule, state_checksum
@@ -56,6 +57,10 @@ class TPAgreement:
     agreeing: bool
     _schedule: SyncSchedule
     _n_values: int
+    # What agreeing costs this rank: all-reduces run while serving and the host seconds they took
+    # (waiting for the slowest rank included), for /get_server_info.
+    agreements: int = 0
+    agreement_s: float = 0.0
 
     def _use_sync(self, sync: SyncHook | None) -> None:
         self.sync = sync
@@ -71,6 +76,14 @@ class TPAgreement:
     def _agree(self) -> None:
         """One all-reduce: the policy's values, then "failed", then one checksum slot per
         rank (each rank fills its own), so every rank reads every rank's checksum."""
+        t0 = time.perf_counter()
+        try:
+            self._agree_once()
+        finally:
+            self.agreements += 1
+            self.agreement_s += time.perf_counter() - t0
+
+    def _agree_once(self) -> None:
         pol, k, n, sync = self.policy, self._n_values, self.tp_size, self.sync
         assert sync is not None  # only called while agreeing, which needs the hook
         values, check = [0.0] * k, 0
