@@ -634,3 +634,35 @@ def simulate_at(cfg) -> "dict[str, float]":
     return {a.name: simulate_level(load_profile(cfg.profile), a.sim_arm, 6, num_prompts=18, input_len=cfg.input_len,
                                    output_len=cfg.output_len, seed=level_seed(cfg.seed, 6, 0))[0]["duration_s"]
             for a in cfg.arms}
+
+
+def test_a_hung_server_fails_its_remaining_levels_within_the_health_timeout(tmp_path, monkeypatch):
+    """A stopped (SIGSTOP) server used to cost each remaining level every request's full timeout."""
+    from dynspec.live import sweep_runner
+
+    cfg = load_config(cfg_file(tmp_path, concurrency=[1, 2, 4], num_prompts=6, warmup_requests=0,
+                               emulate={"time_scale": 20.0},
+                               timeouts={"startup_s": 60, "level_s": 60, "request_s": 60, "health_s": 1},
+                               arms=[{"name": "hung", "sim_arm": "baseline"}, {"name": "next", "sim_arm": "baseline"}]))
+    stopped = {}
+    append = sweep_runner._Sweep.append
+
+    def append_then_stop(self, arm, level, repeat, policy, metrics):
+        append(self, arm, level, repeat, policy, metrics)
+        if arm.name == "hung" and not stopped:  # the first level measured, then the server hangs
+            stopped["pid"] = self.servers["hung"].proc.pid
+            os.kill(stopped["pid"], signal.SIGSTOP)
+
+    monkeypatch.setattr(sweep_runner._Sweep, "append", append_then_stop)
+    t0 = time.monotonic()
+    res = run_sweep(cfg, run_id="hung", runs_dir=tmp_path, progress=False)
+    took = time.monotonic() - t0
+    rows = by_key(rows_of(tmp_path / "hung"))
+    assert res.failed and res.rows == 6
+    assert rows[("hung", 1, 0)]["error"] == ""
+    for c in (2, 4):
+        assert rows[("hung", c, 0)]["error"] == ("server not answering /health before this level: "
+                                                 "no answer within 1s")
+        assert rows[("next", c, 0)]["error"] == ""
+    assert took < 40, f"{took:.0f}s: the hung server's levels waited out their request timeouts"
+    assert not alive(stopped["pid"])  # stopped, then terminated: not left behind

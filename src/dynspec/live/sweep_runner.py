@@ -147,6 +147,12 @@ class _Sweep:
         if not server.alive():
             self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
             return False
+        problem = server.health_problem(self.cfg.timeouts.health_s)
+        if problem:  # hung: each of its levels would wait out every request's timeout
+            log.error("arm %s: /health before %s: %s; its remaining levels fail", arm.name,
+                      level_name(arm.name, lv, r), problem)
+            self.fail_levels(arm, left, f"server not answering /health before this level: {problem}")
+            return False
         try:
             self.server_level(arm, lv, r)
         except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
