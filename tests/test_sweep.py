@@ -666,3 +666,39 @@ def test_a_hung_server_fails_its_remaining_levels_within_the_health_timeout(tmp_
         assert rows[("next", c, 0)]["error"] == ""
     assert took < 40, f"{took:.0f}s: the hung server's levels waited out their request timeouts"
     assert not alive(stopped["pid"])  # stopped, then terminated: not left behind
+
+
+def test_a_full_disk_stops_the_sweep_in_one_line_and_run_json_says_why(tmp_path, monkeypatch, capsys):
+    """A full disk used to print chained "Logging error" tracebacks and leave run.json "running"."""
+    import logging
+
+    from dynspec import results
+
+    real_open = results.open_append
+    writes = []
+
+    def open_append(path):  # the first row lands; from then on the disk is full (/dev/full: ENOSPC)
+        writes.append(path)
+        if len(writes) == 1:
+            return real_open(path)
+        for h in logging.getLogger("dynspec.live.sweep").handlers:  # the log file fills up too
+            if isinstance(h, logging.FileHandler) and h.stream is not None:
+                full = os.open("/dev/full", os.O_WRONLY)
+                os.dup2(full, h.stream.fileno())
+                os.close(full)
+        return open("/dev/full", "ab", buffering=0)
+
+    monkeypatch.setattr(results, "open_append", open_append)
+    from dynspec.cli import main
+
+    code = main(["sweep", "--config", str(CI_TINY), "--backend", "sim", "--run-id", "full", "--runs-dir",
+                 str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and "Logging error" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("dynspec sweep: disk full writing ")
+    assert "No space left on device" in err and "--resume --run-id full" in err
+    info = json.loads((tmp_path / "full" / "run.json").read_text())
+    assert info["status"] == "failed" and info["reason"].startswith("disk full writing ")
+    assert len(rows_of(tmp_path / "full")) == 1  # the row written before the disk filled is kept

@@ -229,10 +229,15 @@ class ResultsWriter:
         row = make_row(*_split(row))
         buf = io.StringIO(newline="")
         csv.DictWriter(buf, fieldnames=self.columns, restval="nan", extrasaction="ignore").writerow(row)
-        with open_append(self.path) as f:  # one write per row; never through a link
-            f.write(buf.getvalue().encode())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open_append(self.path) as f:  # one write per row; never through a link
+                f.write(buf.getvalue().encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if exc.filename:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None  # a write's error names no file
 
     def done_keys(self) -> set[tuple[str, int, float, int]]:
         """(arm, concurrency, request_rate, repeat) already measured: what --resume skips."""

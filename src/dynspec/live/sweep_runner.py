@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from dynspec.io.atomic import write_json
+from dynspec.io.disk_full import is_disk_full
 from dynspec.live.config import Level, SweepConfig, level_name
 from dynspec.live.run_folder import _now, _Run
 from dynspec.live.server_info import dynspec_state
@@ -156,6 +157,8 @@ class _Sweep:
         try:
             self.server_level(arm, lv, r)
         except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
+            if is_disk_full(exc):  # but no row can be written: the sweep stops, in one line
+                raise
             log.exception("%s: failed", level_name(arm.name, lv, r))
             self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
         return True
@@ -172,6 +175,8 @@ class _Sweep:
                 self._wait_healthy(self.servers[arm.name])
             return True
         except Exception as exc:  # whatever the server did, this arm fails and the next one runs
+            if is_disk_full(exc):
+                raise
             msg = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
             log.error("arm %s: %s", arm.name, msg)
             self.stop_servers(arm.name)
