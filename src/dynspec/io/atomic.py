@@ -30,6 +30,10 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the group that shares a run folder
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # a write's error names no file
     finally:
         Path(tmp).unlink(missing_ok=True)  # only left when the write failed
     return path
