@@ -702,3 +702,15 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_run_json_says_why(tmp_path,
     info = json.loads((tmp_path / "full" / "run.json").read_text())
     assert info["status"] == "failed" and info["reason"].startswith("disk full writing ")
     assert len(rows_of(tmp_path / "full")) == 1  # the row written before the disk filled is kept
+
+
+def test_resume_removes_the_temporary_files_a_killed_sweep_left(tmp_path):
+    """A sweep killed between an atomic write's temporary file and its rename left .tmp files for good."""
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="t", runs_dir=tmp_path, progress=False)
+    stale = [tmp_path / "t" / ".run.json.a1b2c3d4.tmp", tmp_path / "t" / "requests" / ".baseline_c1_r0.jsonl.k_9x2mQz.tmp"]
+    kept = [tmp_path / "t" / "notes.tmp", tmp_path / "t" / ".hidden.tmp"]
+    for p in stale + kept:
+        p.write_text("half")
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="t", runs_dir=tmp_path, progress=False, resume=True)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_text() == "half" for p in kept)

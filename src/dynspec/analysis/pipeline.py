@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from dynspec.analysis.pipeline_html import external_references, render_html  # noqa: F401  (re-exported)
 from dynspec.analysis.pipeline_index import write_index, write_summary
+from dynspec.io.atomic import remove_stale_temps
 from dynspec.analysis.pipeline_publish import _prepare_dirs, _publish, _recover
 from dynspec.analysis.pipeline_settings import KERNEL, NOTEBOOKS, PipelineConfig, PipelineError, _abs
 from dynspec.analysis.pipeline_settings import (  # noqa: F401  (re-exported: pipeline.yaml and provenance.json)
@@ -102,6 +103,8 @@ def resolve(config: str | Path, *, backend: str | None = None, run_id: str | Non
             raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
     with _report_lock(pc):  # a publish another command has under way is not a cut one
         _recover(pc)
+        if pc.report_dir.is_dir():  # what a killed write left, under the report's lock
+            remove_stale_temps(pc.report_dir)
     run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
     # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
     published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()

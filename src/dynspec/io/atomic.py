@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -53,3 +54,18 @@ def open_append(path: str | Path) -> BinaryIO:
     """path opened to append bytes, created if missing; OSError (ELOOP) if it is a symbolic link."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "ab")
+
+
+_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # write_bytes's: .NAME.<mkstemp's 8 characters>.tmp
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Remove the temporary files an interrupted write_bytes left under folder (a process killed
+    between mkstemp and rename runs no cleanup).  Only for a folder the caller holds the lock of:
+    another writer's temporary file would go too.  Returns what was removed."""
+    gone = []
+    for p in Path(folder).rglob(".*.tmp"):
+        if _TEMP.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.io.atomic import write_json
+from dynspec.io.atomic import remove_stale_temps, write_json
 from dynspec.io.disk_full import QuietFileHandler, disk_full_error, disk_full_line, save_text_anyway
 from dynspec.io.lock import held, lock_file
 from dynspec.live.config import ConfigError, SweepConfig, bench_serving_problem, check_live, run_id_problem
@@ -118,6 +118,8 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
 
 def _measure(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, runs_dir: Path, config_path,
              profile, progress: bool, argv: list[str] | None) -> RunResult:
+    if run_id is not None and resume:  # under the run's lock: no other writer's temporary files
+        remove_stale_temps(runs_dir / run_id)
     run, writer, done = _prepare(cfg, backend, run_id, resume, runs_dir, config_path)
     from dynspec.environment import collect_environment
 
