@@ -458,3 +458,30 @@ def test_a_report_another_command_is_building_is_refused_in_one_line(tmp_path):
         with pytest.raises(pipeline.PipelineError, match="is being built by another dynspec command"):
             pipeline.run_pipeline(pc, echo=lambda *_: None)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+
+
+def test_a_sigterm_during_overwrite_is_one_line_and_leaves_the_published_report_byte_identical(tmp_path):
+    """SIGTERM used to kill the pipeline where it stood: no message, temporary files left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    common = ("--config", str(config), "--run-id", "pub", "--runs-dir", str(runs), "--reports-dir", str(reports))
+    assert run_pipeline(*common).returncode == 0
+    published = {p.name: p.read_bytes() for p in (reports / "pub").iterdir()}
+    proc = subprocess.Popen([sys.executable, "-m", "dynspec", "pipeline", *common, "--overwrite"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (reports / ".pub.building").is_dir() and time.monotonic() - t0 < 120:  # mid-build, for sure
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("dynspec pipeline: interrupted")
+    assert {p.name: p.read_bytes() for p in (reports / "pub").iterdir()} == published

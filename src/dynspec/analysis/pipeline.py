@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from dynspec.analysis.pipeline_html import external_references, render_html  # noqa: F401  (re-exported)
 from dynspec.analysis.pipeline_index import write_index, write_summary
+from dynspec.interrupt import sigterm_as_interrupt
 from dynspec.io.atomic import remove_stale_temps
 from dynspec.analysis.pipeline_publish import _prepare_dirs, _publish, _recover
 from dynspec.analysis.pipeline_settings import KERNEL, NOTEBOOKS, PipelineConfig, PipelineError, _abs
@@ -321,14 +322,23 @@ def _report_main(args) -> int:
 # CLI ----------------------------------------------------------------------------------
 
 def _main(args) -> int:
-    from dynspec.provenance import argv_of
-    from dynspec.analysis.report import ReportError
-
     prog = "dynspec pipeline"
     if args.verbose:  # papermill logs each cell's output at INFO
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        with sigterm_as_interrupt():
+            return _run(args, prog)
+    except KeyboardInterrupt:  # one that landed after _run's own handler
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args, prog: str) -> int:
+    from dynspec.provenance import argv_of
+    from dynspec.analysis.report import ReportError
+
     try:
         pc = resolve(args.config, backend=args.backend, run_id=args.run_id, resume=args.resume,
                      overwrite=args.overwrite, runs_dir=args.runs_dir, reports_dir=args.reports_dir,
