@@ -714,3 +714,21 @@ def test_resume_removes_the_temporary_files_a_killed_sweep_left(tmp_path):
     run_sweep(load_config(CI_TINY), backend="sim", run_id="t", runs_dir=tmp_path, progress=False, resume=True)
     assert [p for p in stale if p.exists()] == []
     assert all(p.read_text() == "half" for p in kept)
+
+
+def test_an_emulator_that_falls_behind_its_profile_is_marked_in_the_results_and_the_report(tmp_path):
+    """A busy machine's emulator ran slower than its profile and the report reversed its verdict
+    without a word; now the lag is a column and the report's status box names the levels."""
+    from dynspec.analysis.report import load_run, status_box
+
+    # 1000x faster than the profile: no machine keeps that pace, so every level lags.
+    cfg = load_config(cfg_file(tmp_path, concurrency=[4], num_prompts=8, emulate={"time_scale": 1000.0}))
+    run_sweep(cfg, run_id="lag", runs_dir=tmp_path, progress=False)
+    rows = rows_of(tmp_path / "lag")
+    assert rows and all(float(r["emulator_lag_s"]) > 0.02 * float(r["duration_s"]) for r in rows)
+    assert "fell" in (tmp_path / "lag" / "sweep.log").read_text()
+    box = dict(status_box(load_run(tmp_path / "lag")))
+    assert box["Lag"].startswith("The emulator fell behind its profile by more than 2% of the level on 2 level(s)")
+
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="sim", runs_dir=tmp_path, progress=False)
+    assert "Lag" not in dict(status_box(load_run(tmp_path / "sim")))  # a simulated run never lags

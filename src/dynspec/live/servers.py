@@ -177,6 +177,13 @@ def level_counters(before: Snapshot, after: Snapshot, *, accept_reset: bool) -> 
     }
 
 
+def emulator_lag(snap: Snapshot) -> float:
+    """Wall seconds a dynspec emulator has fallen behind its profile since it started (NaN: not one)."""
+    block = (snap.server_info or {}).get("dynspec_emulator")
+    lag = block.get("lag_s") if isinstance(block, dict) else None
+    return float(lag) if isinstance(lag, (int, float)) else math.nan
+
+
 class ArmServer:
     """One arm's server process.  Use as a context manager, or start()/stop()."""
 
