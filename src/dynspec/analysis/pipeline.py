@@ -306,8 +306,10 @@ def resolve_report(run_dir: str | Path, *, reports_dir: str | Path = "reports", 
 def _report_main(args) -> int:
     from dynspec.provenance import argv_of
 
+    # The committed reports/ (and its index) change only when asked: a look at a run goes to build/.
+    reports_dir = args.reports_dir or ("reports" if args.publish else "build/reports")
     try:
-        pc = resolve_report(args.run_dir, reports_dir=args.reports_dir, overwrite=args.overwrite,
+        pc = resolve_report(args.run_dir, reports_dir=reports_dir, overwrite=args.overwrite,
                             compare_runs=args.compare, reference=None if args.no_reference else "default")
         run_pipeline(pc, notebooks=("03_report",), command="report", argv=argv_of(args))
     except NotebookFailed as exc:  # before PipelineError, which it is
@@ -390,9 +392,13 @@ def add_cli(sub) -> None:
     p.add_argument("--sglang-path", help="the SGLang installation 01_patch looks at (default: the installed one)")
     p.add_argument("--verbose", action="store_true", help="echo every cell's output while it runs")
     p.set_defaults(func=_main)
-    r = sub.add_parser("report", help="render reports/<run-id>/report.html from an existing run folder (runs nothing)")
+    r = sub.add_parser("report", help="render build/reports/<run-id>/report.html (reports/ with --publish) from an "
+                                      "existing run folder (runs nothing)")
     r.add_argument("run_dir", help="a run folder, e.g. data/runs/h200-llama8b-live")
-    r.add_argument("--reports-dir", default="reports", help="where reports go (default: reports)")
+    r.add_argument("--reports-dir", default=None,
+                   help="where reports go (default: build/reports; reports with --publish)")
+    r.add_argument("--publish", action="store_true",
+                   help="publish into reports/ and its index.html (tracked files), not build/reports")
     r.add_argument("--compare", action="append", default=[], metavar="RUN_DIR",
                    help="another run folder to draw beside this one, e.g. its simulated twin (repeatable)")
     r.add_argument("--no-reference", action="store_true", help="leave the seed's numbers out of the report")
