@@ -191,22 +191,40 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def _kernel_manager_logging_to(log_path: Path):
+    """nbclient's kernel manager, the kernel's own stderr into log_path: on Ctrl-C the kernel,
+    its parent gone, printed a traceback of its closed sockets over the pipeline's one line.
+    (Cells' output still reaches the notebook through the kernel's messages.)"""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class _LoggingKernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(log_path, "ab") as log:  # the child keeps its own descriptor
+                kw["stderr"] = log
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _LoggingKernelManager
+
+
 def execute_notebook(pc: PipelineConfig, name: str, log_output: bool = False) -> Path:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
     src = pc.notebooks_dir / f"{name}.ipynb"
     out = pc.build_dir / f"{name}.ipynb"
+    kernel_log = pc.build_dir / f"{name}.kernel.log"  # kept beside the notebook only when it failed
     try:
         pm.execute_notebook(str(src), str(out), parameters=pc.parameters()[name], kernel_name=pc.kernel,
                             execution_timeout=pc.cell_timeout_s, cwd=str(pc.notebooks_dir),
                             progress_bar=False, log_output=log_output,
+                            kernel_manager_class=_kernel_manager_logging_to(kernel_log),
                             # ipykernel warns at every start that loopback TCP is unencrypted.
                             extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except PapermillExecutionError as exc:
         raise NotebookFailed(name, out, exc) from None
     except Exception as exc:  # a cell timeout or a dead kernel: papermill saved what ran
         raise NotebookFailed(name, out, exc) from None
+    kernel_log.unlink(missing_ok=True)
     return out
 
 
