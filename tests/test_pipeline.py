@@ -458,3 +458,35 @@ def test_a_report_another_command_is_building_is_refused_in_one_line(tmp_path):
         with pytest.raises(pipeline.PipelineError, match="is being built by another dynspec command"):
             pipeline.run_pipeline(pc, echo=lambda *_: None)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_an_interrupted_overwrite_is_one_line_and_leaves_the_published_report_byte_identical(tmp_path, how):
+    """SIGTERM used to kill the pipeline where it stood, with no message; Ctrl-C (SIGINT to the
+    terminal's process group) printed the kernel's traceback of its closed sockets."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    reports, runs = tmp_path / "reports", tmp_path / "runs"
+    common = ("--config", str(config), "--run-id", "pub", "--runs-dir", str(runs), "--reports-dir", str(reports))
+    assert run_pipeline(*common).returncode == 0
+    published = {p.name: p.read_bytes() for p in (reports / "pub").iterdir()}
+    proc = subprocess.Popen([sys.executable, "-m", "dynspec", "pipeline", *common, "--overwrite"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    while not (reports / ".pub.building" / "03_report.ipynb").exists() and time.monotonic() - t0 < 200:
+        time.sleep(0.05)  # the report notebook's kernel is running a cell
+    time.sleep(1.0)
+    if how == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("dynspec pipeline: interrupted")
+    assert {p.name: p.read_bytes() for p in (reports / "pub").iterdir()} == published

@@ -307,3 +307,15 @@ def test_report(sim_run, tmp_path, monkeypatch, capsys):
     pc = pipeline.settings_from_data(rec["config"], reports / ".prov.building")
     assert pc.run_dir == run_dir.resolve() and pc.backend == "sim" and pc.reference is None
     assert rec["profile"] == {"name": "swept", "source": str(profile), "sha256": sha256(profile)}
+
+
+def test_report_leaves_the_committed_reports_alone_unless_asked_to_publish(sim_run, monkeypatch):
+    """`dynspec report RUN` used to rewrite the tracked reports/ and its index.html."""
+    from dynspec.analysis import pipeline
+
+    went = []
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda pc, **kw: went.append(pc.reports_dir))
+    run_dir = sim_run[0]
+    assert main(["report", str(run_dir), "--no-reference"]) == 0
+    assert main(["report", str(run_dir), "--no-reference", "--publish"]) == 0
+    assert went == [Path("build/reports").resolve(), Path("reports").resolve()]

@@ -531,3 +531,16 @@ def test_the_lockstep_ttft_artifact_is_explained_only_where_it_applies():
     assert note.startswith("`baseline`'s median is 70x `eagle3`'s at C=64 (3200 vs 46 ms)")
     assert "- **TTFT:** `baseline`'s median is 70x" in report.findings(lv, {})
     assert report.lockstep_ttft_note(lv, {"prompts": {"output_lens": "range"}}) == ""  # not this workload
+
+
+def test_with_no_run_in_data_runs_the_report_opens_the_one_make_report_left_in_build(tmp_path, monkeypatch):
+    """`make report` writes its run to build/runs; the report notebook's defaults then said "no runs yet"."""
+    from dynspec import paths
+
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)  # a checkout with no data/runs yet
+    made = _write_run(tmp_path / "build" / "runs", _rows(), name="seed-blackwell-sim")
+    assert report.open_run(None, runs_dir=tmp_path / "data" / "runs").run_dir == made
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    with pytest.raises(report.ReportError, match="no runs yet"):  # only the checkout's default folder falls back
+        report.open_run(None, runs_dir=other)

@@ -634,3 +634,101 @@ def simulate_at(cfg) -> "dict[str, float]":
     return {a.name: simulate_level(load_profile(cfg.profile), a.sim_arm, 6, num_prompts=18, input_len=cfg.input_len,
                                    output_len=cfg.output_len, seed=level_seed(cfg.seed, 6, 0))[0]["duration_s"]
             for a in cfg.arms}
+
+
+def test_a_hung_server_fails_its_remaining_levels_within_the_health_timeout(tmp_path, monkeypatch):
+    """A stopped (SIGSTOP) server used to cost each remaining level every request's full timeout."""
+    from dynspec.live import sweep_runner
+
+    cfg = load_config(cfg_file(tmp_path, concurrency=[1, 2, 4], num_prompts=6, warmup_requests=0,
+                               emulate={"time_scale": 20.0},
+                               timeouts={"startup_s": 60, "level_s": 60, "request_s": 60, "health_s": 1},
+                               arms=[{"name": "hung", "sim_arm": "baseline"}, {"name": "next", "sim_arm": "baseline"}]))
+    stopped = {}
+    append = sweep_runner._Sweep.append
+
+    def append_then_stop(self, arm, level, repeat, policy, metrics):
+        append(self, arm, level, repeat, policy, metrics)
+        if arm.name == "hung" and not stopped:  # the first level measured, then the server hangs
+            stopped["pid"] = self.servers["hung"].proc.pid
+            os.kill(stopped["pid"], signal.SIGSTOP)
+
+    monkeypatch.setattr(sweep_runner._Sweep, "append", append_then_stop)
+    t0 = time.monotonic()
+    res = run_sweep(cfg, run_id="hung", runs_dir=tmp_path, progress=False)
+    took = time.monotonic() - t0
+    rows = by_key(rows_of(tmp_path / "hung"))
+    assert res.failed and res.rows == 6
+    assert rows[("hung", 1, 0)]["error"] == ""
+    for c in (2, 4):
+        assert rows[("hung", c, 0)]["error"] == ("server not answering /health before this level: "
+                                                 "no answer within 1s")
+        assert rows[("next", c, 0)]["error"] == ""
+    assert took < 40, f"{took:.0f}s: the hung server's levels waited out their request timeouts"
+    assert not alive(stopped["pid"])  # stopped, then terminated: not left behind
+
+
+def test_a_full_disk_stops_the_sweep_in_one_line_and_run_json_says_why(tmp_path, monkeypatch, capsys):
+    """A full disk used to print chained "Logging error" tracebacks and leave run.json "running"."""
+    import logging
+
+    from dynspec import results
+
+    real_open = results.open_append
+    writes = []
+
+    def open_append(path):  # the first row lands; from then on the disk is full (/dev/full: ENOSPC)
+        writes.append(path)
+        if len(writes) == 1:
+            return real_open(path)
+        for h in logging.getLogger("dynspec.live.sweep").handlers:  # the log file fills up too
+            if isinstance(h, logging.FileHandler) and h.stream is not None:
+                full = os.open("/dev/full", os.O_WRONLY)
+                os.dup2(full, h.stream.fileno())
+                os.close(full)
+        return open("/dev/full", "ab", buffering=0)
+
+    monkeypatch.setattr(results, "open_append", open_append)
+    from dynspec.cli import main
+
+    code = main(["sweep", "--config", str(CI_TINY), "--backend", "sim", "--run-id", "full", "--runs-dir",
+                 str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and "Logging error" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("dynspec sweep: disk full writing ")
+    assert "No space left on device" in err and "--resume --run-id full" in err
+    info = json.loads((tmp_path / "full" / "run.json").read_text())
+    assert info["status"] == "failed" and info["reason"].startswith("disk full writing ")
+    assert len(rows_of(tmp_path / "full")) == 1  # the row written before the disk filled is kept
+
+
+def test_resume_removes_the_temporary_files_a_killed_sweep_left(tmp_path):
+    """A sweep killed between an atomic write's temporary file and its rename left .tmp files for good."""
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="t", runs_dir=tmp_path, progress=False)
+    stale = [tmp_path / "t" / ".run.json.a1b2c3d4.tmp", tmp_path / "t" / "requests" / ".baseline_c1_r0.jsonl.k_9x2mQz.tmp"]
+    kept = [tmp_path / "t" / "notes.tmp", tmp_path / "t" / ".hidden.tmp"]
+    for p in stale + kept:
+        p.write_text("half")
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="t", runs_dir=tmp_path, progress=False, resume=True)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_text() == "half" for p in kept)
+
+
+def test_an_emulator_that_falls_behind_its_profile_is_marked_in_the_results_and_the_report(tmp_path):
+    """A busy machine's emulator ran slower than its profile and the report reversed its verdict
+    without a word; now the lag is a column and the report's status box names the levels."""
+    from dynspec.analysis.report import load_run, status_box
+
+    # 1000x faster than the profile: no machine keeps that pace, so every level lags.
+    cfg = load_config(cfg_file(tmp_path, concurrency=[4], num_prompts=8, emulate={"time_scale": 1000.0}))
+    run_sweep(cfg, run_id="lag", runs_dir=tmp_path, progress=False)
+    rows = rows_of(tmp_path / "lag")
+    assert rows and all(float(r["emulator_lag_s"]) > 0.02 * float(r["duration_s"]) for r in rows)
+    assert "fell" in (tmp_path / "lag" / "sweep.log").read_text()
+    box = dict(status_box(load_run(tmp_path / "lag")))
+    assert box["Lag"].startswith("The emulator fell behind its profile by more than 2% of the level on 2 level(s)")
+
+    run_sweep(load_config(CI_TINY), backend="sim", run_id="sim", runs_dir=tmp_path, progress=False)
+    assert "Lag" not in dict(status_box(load_run(tmp_path / "sim")))  # a simulated run never lags

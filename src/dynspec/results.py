@@ -36,8 +36,11 @@ METRIC_COLUMNS = [
     "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
     "output_throughput", "request_throughput", "request_goodput", "slo_attainment",
     *[f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90", "p95", "p99")],
-    "accept_length", "spec_step_fraction", "switches", "error",
+    "accept_length", "spec_step_fraction", "switches", "emulator_lag_s", "error",
 ]
+# emulator_lag_s: how far an emulator fell behind its profile during the level (rows' clock); an
+# emulated level lagging more than EMULATOR_LAG_LIMIT of its duration measured a slower server.
+EMULATOR_LAG_LIMIT = 0.02
 RESULT_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
 TEXT_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "error"]
 # The schema before 2026-11-30 (median and p99 only, no rates, no goodput): still read, its
@@ -229,10 +232,15 @@ class ResultsWriter:
         row = make_row(*_split(row))
         buf = io.StringIO(newline="")
         csv.DictWriter(buf, fieldnames=self.columns, restval="nan", extrasaction="ignore").writerow(row)
-        with open_append(self.path) as f:  # one write per row; never through a link
-            f.write(buf.getvalue().encode())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open_append(self.path) as f:  # one write per row; never through a link
+                f.write(buf.getvalue().encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if exc.filename:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None  # a write's error names no file
 
     def done_keys(self) -> set[tuple[str, int, float, int]]:
         """(arm, concurrency, request_rate, repeat) already measured: what --resume skips."""

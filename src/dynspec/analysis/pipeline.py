@@ -35,6 +35,8 @@ from pydantic import ValidationError
 
 from dynspec.analysis.pipeline_html import external_references, render_html  # noqa: F401  (re-exported)
 from dynspec.analysis.pipeline_index import write_index, write_summary
+from dynspec.interrupt import sigterm_as_interrupt
+from dynspec.io.atomic import remove_stale_temps
 from dynspec.analysis.pipeline_publish import _prepare_dirs, _publish, _recover
 from dynspec.analysis.pipeline_settings import KERNEL, NOTEBOOKS, PipelineConfig, PipelineError, _abs
 from dynspec.analysis.pipeline_settings import (  # noqa: F401  (re-exported: pipeline.yaml and provenance.json)
@@ -102,6 +104,8 @@ def resolve(config: str | Path, *, backend: str | None = None, run_id: str | Non
             raise PipelineError(f"{d}: is a symbolic link; dynspec writes only into real folders")
     with _report_lock(pc):  # a publish another command has under way is not a cut one
         _recover(pc)
+        if pc.report_dir.is_dir():  # what a killed write left, under the report's lock
+            remove_stale_temps(pc.report_dir)
     run_exists = pc.run_dir.is_dir() and any(pc.run_dir.iterdir())
     # A fresh clone has reports/<id>/ committed and no data/runs/<id>/: the report alone is enough to guard.
     published = (pc.report_dir / "summary.json").is_file() or (pc.report_dir / "report.html").is_file()
@@ -187,22 +191,40 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def _kernel_manager_logging_to(log_path: Path):
+    """nbclient's kernel manager, the kernel's own stderr into log_path: on Ctrl-C the kernel,
+    its parent gone, printed a traceback of its closed sockets over the pipeline's one line.
+    (Cells' output still reaches the notebook through the kernel's messages.)"""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class _LoggingKernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with open(log_path, "ab") as log:  # the child keeps its own descriptor
+                kw["stderr"] = log
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _LoggingKernelManager
+
+
 def execute_notebook(pc: PipelineConfig, name: str, log_output: bool = False) -> Path:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
     src = pc.notebooks_dir / f"{name}.ipynb"
     out = pc.build_dir / f"{name}.ipynb"
+    kernel_log = pc.build_dir / f"{name}.kernel.log"  # kept beside the notebook only when it failed
     try:
         pm.execute_notebook(str(src), str(out), parameters=pc.parameters()[name], kernel_name=pc.kernel,
                             execution_timeout=pc.cell_timeout_s, cwd=str(pc.notebooks_dir),
                             progress_bar=False, log_output=log_output,
+                            kernel_manager_class=_kernel_manager_logging_to(kernel_log),
                             # ipykernel warns at every start that loopback TCP is unencrypted.
                             extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except PapermillExecutionError as exc:
         raise NotebookFailed(name, out, exc) from None
     except Exception as exc:  # a cell timeout or a dead kernel: papermill saved what ran
         raise NotebookFailed(name, out, exc) from None
+    kernel_log.unlink(missing_ok=True)
     return out
 
 
@@ -302,8 +324,10 @@ def resolve_report(run_dir: str | Path, *, reports_dir: str | Path = "reports", 
 def _report_main(args) -> int:
     from dynspec.provenance import argv_of
 
+    # The committed reports/ (and its index) change only when asked: a look at a run goes to build/.
+    reports_dir = args.reports_dir or ("reports" if args.publish else "build/reports")
     try:
-        pc = resolve_report(args.run_dir, reports_dir=args.reports_dir, overwrite=args.overwrite,
+        pc = resolve_report(args.run_dir, reports_dir=reports_dir, overwrite=args.overwrite,
                             compare_runs=args.compare, reference=None if args.no_reference else "default")
         run_pipeline(pc, notebooks=("03_report",), command="report", argv=argv_of(args))
     except NotebookFailed as exc:  # before PipelineError, which it is
@@ -318,14 +342,23 @@ def _report_main(args) -> int:
 # CLI ----------------------------------------------------------------------------------
 
 def _main(args) -> int:
-    from dynspec.provenance import argv_of
-    from dynspec.analysis.report import ReportError
-
     prog = "dynspec pipeline"
     if args.verbose:  # papermill logs each cell's output at INFO
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        with sigterm_as_interrupt():
+            return _run(args, prog)
+    except KeyboardInterrupt:  # one that landed after _run's own handler
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args, prog: str) -> int:
+    from dynspec.provenance import argv_of
+    from dynspec.analysis.report import ReportError
+
     try:
         pc = resolve(args.config, backend=args.backend, run_id=args.run_id, resume=args.resume,
                      overwrite=args.overwrite, runs_dir=args.runs_dir, reports_dir=args.reports_dir,
@@ -377,9 +410,13 @@ def add_cli(sub) -> None:
     p.add_argument("--sglang-path", help="the SGLang installation 01_patch looks at (default: the installed one)")
     p.add_argument("--verbose", action="store_true", help="echo every cell's output while it runs")
     p.set_defaults(func=_main)
-    r = sub.add_parser("report", help="render reports/<run-id>/report.html from an existing run folder (runs nothing)")
+    r = sub.add_parser("report", help="render build/reports/<run-id>/report.html (reports/ with --publish) from an "
+                                      "existing run folder (runs nothing)")
     r.add_argument("run_dir", help="a run folder, e.g. data/runs/h200-llama8b-live")
-    r.add_argument("--reports-dir", default="reports", help="where reports go (default: reports)")
+    r.add_argument("--reports-dir", default=None,
+                   help="where reports go (default: build/reports; reports with --publish)")
+    r.add_argument("--publish", action="store_true",
+                   help="publish into reports/ and its index.html (tracked files), not build/reports")
     r.add_argument("--compare", action="append", default=[], metavar="RUN_DIR",
                    help="another run folder to draw beside this one, e.g. its simulated twin (repeatable)")
     r.add_argument("--no-reference", action="store_true", help="leave the seed's numbers out of the report")

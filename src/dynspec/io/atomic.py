@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,6 +31,10 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide results from the group that shares a run folder
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # a write's error names no file
     finally:
         Path(tmp).unlink(missing_ok=True)  # only left when the write failed
     return path
@@ -49,3 +54,18 @@ def open_append(path: str | Path) -> BinaryIO:
     """path opened to append bytes, created if missing; OSError (ELOOP) if it is a symbolic link."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "ab")
+
+
+_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")  # write_bytes's: .NAME.<mkstemp's 8 characters>.tmp
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Remove the temporary files an interrupted write_bytes left under folder (a process killed
+    between mkstemp and rename runs no cleanup).  Only for a folder the caller holds the lock of:
+    another writer's temporary file would go too.  Returns what was removed."""
+    gone = []
+    for p in Path(folder).rglob(".*.tmp"):
+        if _TEMP.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone

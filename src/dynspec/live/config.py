@@ -96,6 +96,7 @@ class Timeouts(StrictModel):
     level_s: float = Field(3600.0, gt=0, le=MAX_SECONDS)
     request_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
     shutdown_grace_s: float = Field(30.0, ge=0, le=MAX_SECONDS)
+    health_s: float = Field(10.0, gt=0, le=MAX_SECONDS)  # /health before each level: a hung server fails fast
 
 
 class Prompts(StrictModel):

@@ -177,6 +177,13 @@ def level_counters(before: Snapshot, after: Snapshot, *, accept_reset: bool) -> 
     }
 
 
+def emulator_lag(snap: Snapshot) -> float:
+    """Wall seconds a dynspec emulator has fallen behind its profile since it started (NaN: not one)."""
+    block = (snap.server_info or {}).get("dynspec_emulator")
+    lag = block.get("lag_s") if isinstance(block, dict) else None
+    return float(lag) if isinstance(lag, (int, float)) else math.nan
+
+
 class ArmServer:
     """One arm's server process.  Use as a context manager, or start()/stop()."""
 
@@ -257,12 +264,25 @@ class ArmServer:
                 raise ServerError(f"arm {self.name}: not healthy after {self.startup_timeout:g}s")
             time.sleep(0.25)
 
+    def health_problem(self, timeout: float) -> str:
+        """'' when /health answers 200 within `timeout` seconds, else what it did instead: a hung
+        server (stopped, deadlocked) is found in seconds, not after every request's timeout."""
+        try:
+            status, _ = _get(self.base_url + "/health", timeout=timeout)
+        except (OSError, urllib.error.URLError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+                return f"no answer within {timeout:g}s"
+            return f"{type(reason).__name__}: {reason}"
+        return "" if status == 200 else f"status {status}"
+
     def stop(self) -> int | None:
         """SIGTERM to the process group, SIGKILL after the grace period; returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self._signal(signal.SIGTERM)
+            self._signal(signal.SIGCONT)  # a stopped server handles its SIGTERM only once resumed
             try:
                 self.proc.wait(self.shutdown_grace)
             except subprocess.TimeoutExpired:

@@ -23,6 +23,7 @@ sweep_runner.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -30,7 +31,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.io.atomic import write_json
+from dynspec.io.atomic import remove_stale_temps, write_json
+from dynspec.io.disk_full import QuietFileHandler, disk_full_error, disk_full_line, save_text_anyway
 from dynspec.io.lock import held, lock_file
 from dynspec.live.config import ConfigError, SweepConfig, bench_serving_problem, check_live, run_id_problem
 from dynspec.live.run_folder import SweepError, _now, _prepare, _write_provenance
@@ -47,7 +49,7 @@ class RunResult:
 
 
 def _attach_log(run_dir: Path, progress: bool) -> list[logging.Handler]:
-    fh = logging.FileHandler(run_dir / "sweep.log")
+    fh = QuietFileHandler(run_dir / "sweep.log")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handlers: list[logging.Handler] = [fh]
     if progress:
@@ -116,6 +118,8 @@ def run_sweep(cfg: SweepConfig, *, backend: str | None = None, run_id: str | Non
 
 def _measure(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, runs_dir: Path, config_path,
              profile, progress: bool, argv: list[str] | None) -> RunResult:
+    if run_id is not None and resume:  # under the run's lock: no other writer's temporary files
+        remove_stale_temps(runs_dir / run_id)
     run, writer, done = _prepare(cfg, backend, run_id, resume, runs_dir, config_path)
     from dynspec.environment import collect_environment
 
@@ -144,7 +148,14 @@ def _measure(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         status = "interrupted"
         log.warning("interrupted; measured rows are kept, continue with --resume --run-id %s", run.info["run_id"])
         raise
-    except Exception:
+    except Exception as exc:
+        full = disk_full_error(exc)
+        if full is not None:  # one line: every write after it (log, status) would fail the same way
+            status = "failed"
+            reason = disk_full_line(full)
+            run.info["reason"] = reason
+            raise SweepError(f"{reason}; measured rows are kept: free some space, then continue with "
+                             f"--resume --run-id {run.info['run_id']}") from None
         status = "crashed"
         log.exception("sweep crashed; measured rows are kept, continue with --resume --run-id %s",
                       run.info["run_id"])
@@ -154,7 +165,9 @@ def _measure(cfg: SweepConfig, backend: str, run_id: str | None, resume: bool, r
         run.info["status"] = status
         run.info["finished"] = _now()
         run.info["sessions"][-1].update(finished=_now(), status=status, rows=sweep.rows_written)
-        run.save_info()
+        if "reason" in run.info:
+            run.info["sessions"][-1]["reason"] = run.info["reason"]
+        save_text_anyway(run.dir / "run.json", json.dumps(run.info, indent=2, default=str) + "\n")
         log.info("run %s %s: %s", run.info["run_id"], status, run.dir)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)

@@ -11,10 +11,11 @@ import time
 from typing import TYPE_CHECKING
 
 from dynspec.io.atomic import write_json
+from dynspec.io.disk_full import is_disk_full
 from dynspec.live.config import Level, SweepConfig, level_name
 from dynspec.live.run_folder import _now, _Run
 from dynspec.live.server_info import dynspec_state
-from dynspec.results import ResultsWriter, make_row, read_rows, summarize
+from dynspec.results import EMULATOR_LAG_LIMIT, ResultsWriter, make_row, read_rows, summarize
 
 if TYPE_CHECKING:
     from dynspec.live.servers import ArmServer
@@ -147,9 +148,17 @@ class _Sweep:
         if not server.alive():
             self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
             return False
+        problem = server.health_problem(self.cfg.timeouts.health_s)
+        if problem:  # hung: each of its levels would wait out every request's timeout
+            log.error("arm %s: /health before %s: %s; its remaining levels fail", arm.name,
+                      level_name(arm.name, lv, r), problem)
+            self.fail_levels(arm, left, f"server not answering /health before this level: {problem}")
+            return False
         try:
             self.server_level(arm, lv, r)
         except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
+            if is_disk_full(exc):  # but no row can be written: the sweep stops, in one line
+                raise
             log.exception("%s: failed", level_name(arm.name, lv, r))
             self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
         return True
@@ -166,6 +175,8 @@ class _Sweep:
                 self._wait_healthy(self.servers[arm.name])
             return True
         except Exception as exc:  # whatever the server did, this arm fails and the next one runs
+            if is_disk_full(exc):
+                raise
             msg = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
             log.error("arm %s: %s", arm.name, msg)
             self.stop_servers(arm.name)
@@ -257,7 +268,7 @@ class _Sweep:
 
     def server_level(self, arm, lv: Level, r: int) -> None:
         from dynspec.live.bench import write_requests
-        from dynspec.live.servers import level_counters
+        from dynspec.live.servers import emulator_lag, level_counters
 
         cfg, server = self.cfg, self._measured()
         name = level_name(arm.name, lv, r)
@@ -282,9 +293,15 @@ class _Sweep:
         errors = [error]
         if not server.alive():
             errors.insert(0, f"server exited with code {server.returncode} during the level")
+        # on the rows' clock, as duration_s
+        counters["emulator_lag_s"] = (emulator_lag(after) - emulator_lag(before)) * self.time_scale
         for k, v in counters.items():  # the server's own counters; bench_serving's accept length otherwise
             if not (k == "accept_length" and math.isnan(v)):
                 metrics[k] = v
+        lag, took = metrics["emulator_lag_s"], metrics.get("duration_s", math.nan)
+        if lag > EMULATOR_LAG_LIMIT * took:  # the machine could not keep the profile's pace
+            log.warning("%s: the emulator fell %.2fs behind its profile (%.1f%% of the level): this level "
+                        "measured a slower server than the profile", name, lag, 100 * lag / took)
         metrics["error"] = "; ".join(e for e in errors if e)
         path = self.run.requests_path(name)
         self.run.keep_old(path)

@@ -110,6 +110,8 @@ def status_box(run: Run, experiments_dir: Path = EXPERIMENTS_DIR) -> list[tuple[
     rows = [("Numbers", banner(run).split(" Arms with a policy")[0])]
     if clock := wall_clock_problem(run.run_dir):
         rows.append(("Clock", clock))
+    if lag := emulator_lag_problem(run.results):
+        rows.append(("Lag", lag))
     profile = None
     if run.backend in ("sim", "emulate") and run.profile:
         try:
@@ -139,6 +141,25 @@ def status_box(run: Run, experiments_dir: Path = EXPERIMENTS_DIR) -> list[tuple[
             rows.append(("Never run", f"the patched server has never run on {run.hardware}; "
                                       "this run's numbers for it are a model."))
     return rows
+
+
+def emulator_lag_problem(results: pd.DataFrame) -> str:
+    """A sentence naming the emulated levels whose emulator fell behind its profile by more than
+    EMULATOR_LAG_LIMIT of their duration ('' when none did): their servers ran slower than the profile."""
+    from dynspec.results import EMULATOR_LAG_LIMIT
+
+    if "emulator_lag_s" not in results.columns or results.empty:
+        return ""
+    bad = results[results["emulator_lag_s"] > EMULATOR_LAG_LIMIT * results["duration_s"]]
+    if bad.empty:
+        return ""
+    names = [f"{a} C={int(c)}" + (f" r{int(r)}" if r else "") for a, c, r in zip(bad["arm"], bad["concurrency"], bad["repeat"])]
+    worst = float((bad["emulator_lag_s"] / bad["duration_s"]).max())
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (f"The emulator fell behind its profile by more than {EMULATOR_LAG_LIMIT:.0%} of the level on "
+            f"{len(names)} level(s) ({shown}; worst {worst:.1%}): the machine could not keep the profile's pace, "
+            "so those levels measured a slower server than the profile and their comparisons may be wrong "
+            "(emulator_lag_s in results.csv).")
 
 
 def banner_html(run: Run) -> str:

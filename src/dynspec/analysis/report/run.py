@@ -112,6 +112,15 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(run_dir, run_id, df, meta, config, _read_json(run_dir / "environment.json"))
 
 
+MAKE_REPORT_RUNS = "build/runs"  # where `make report` puts its run (Makefile)
+
+
+def _repo_root() -> Path:  # read at call time: tests move the checkout
+    from dynspec import paths
+
+    return paths.REPO_ROOT
+
+
 def list_runs(runs_dir: str | Path) -> list[Path]:
     """Run folders that hold a results file, oldest first (by modification time)."""
     runs_dir = Path(runs_dir)
@@ -127,13 +136,16 @@ def latest_run(runs_dir: str | Path) -> Path | None:
 
 
 def open_run(run_dir: str | Path | None, *, runs_dir: str | Path = "data/runs") -> Run:
-    """The run to report on: run_dir, else the latest in runs_dir.
+    """The run to report on: run_dir, else the latest in runs_dir; with none in the checkout's
+    data/runs, the latest `make report` left in build/runs.
 
     A report only reads runs: with none yet, the sweep (`02_sweep`, `dynspec sweep`) makes one.
     """
     if run_dir is not None:
         return load_run(run_dir)
     latest = latest_run(runs_dir)
+    if latest is None and Path(runs_dir).resolve() == (_repo_root() / "data" / "runs").resolve():
+        latest = latest_run(_repo_root() / MAKE_REPORT_RUNS)
     if latest is None:
         raise ReportError(f"{runs_dir}: no runs yet (run a sweep first: notebooks/02_sweep or `dynspec sweep`)")
     return load_run(latest)

@@ -8,6 +8,7 @@ import sys
 
 from dynspec.sim.emulator.app import emulator_key, make_app
 from dynspec.sim.emulator.clock import EmulatorConfig
+from dynspec.sim.emulator.limits import ACCEPT_BATCH, HEADER_TIMEOUT_S, ConnectionCap, max_connections, raise_file_limit
 from dynspec.models import input_error
 from dynspec.sim.run import SIM_ARMS
 
@@ -15,18 +16,18 @@ from dynspec.sim.run import SIM_ARMS
 async def _serve_async(app, host: str, port: int, ready) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=HEADER_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    loop = asyncio.get_running_loop()
+    cap = ConnectionCap(runner.server, max_connections(raise_file_limit()))
     try:
-        await site.start()
+        listener = await loop.create_server(cap, host, port, backlog=ACCEPT_BATCH, reuse_address=True)
     except OSError as exc:
         await runner.cleanup()
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound = runner.addresses[0][1] if runner.addresses else port
+    bound = listener.sockets[0].getsockname()[1] if listener.sockets else port
     app[emulator_key()].port = bound
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
@@ -36,6 +37,7 @@ async def _serve_async(app, host: str, port: int, ready) -> None:
     try:
         await stop.wait()
     finally:
+        listener.close()
         await runner.cleanup()
 
 
