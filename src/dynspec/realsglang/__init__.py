@@ -119,6 +119,8 @@ def server_env(site: Path, *, gpu: bool = False, base: dict | None = None,
     env = dict(os.environ if base is None else base)
     if version == "0.5.23":
         sites = [SITE_0523, SITE_CPU, deps_0523()]
+        # Only the tiny models' classes are registered (site-0.5.23/dynspec_models), not all of SGLang's.
+        env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", "dynspec_models")
     else:
         sites = [SITE, SITE_GPU] if gpu else [SITE, SITE_CPU]
     path = [*map(str, sites), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
