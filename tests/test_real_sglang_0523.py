@@ -90,9 +90,10 @@ def test_greedy_output_is_the_plain_servers(runs, arm):
 
 
 def test_upstream_adaptive_speculates_with_its_own_tiers(runs):
+    """SGLang's own policy ran (no dynspec block; its tiers logged) and drafts were accepted."""
     metas = [r["meta"] for lv in LEVELS for r in runs["arms"]["upstream-adaptive"]["levels"][lv]]
-    assert sum(m["spec_num_proposed_drafts"] for m in metas) > 0
-    assert sum(m["spec_num_correct_drafts"] for m in metas) > 0
+    # (spec_num_proposed_drafts is verify count x the configured steps, whatever state ran: not evidence)
+    assert sum(m["spec_num_correct_drafts"] for m in metas) > 0  # only drafting steps accept drafts
     assert counters(runs, "upstream-adaptive") is None  # SGLang's own policy: no dynspec block
     assert "AdaptiveSpeculativeParams initialized" in runs["logs"]["upstream-adaptive"]
 
