@@ -72,6 +72,10 @@ def runs(tmp_path_factory):
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
+        # The counters beside the logs: what each check saw, readable after the run.
+        if logdir.is_dir():
+            seen = {name: dynspec_state(a["info"]) for name, a in out["arms"].items()}
+            (logdir / "counters.json").write_text(json.dumps(seen, indent=1, default=str))
     return out
 
 

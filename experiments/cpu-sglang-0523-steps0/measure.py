@@ -34,14 +34,18 @@ from dynspec.live.server_info import dynspec_state
 VERSION = "0.5.23"
 
 
-def arms(cfg_dir: Path) -> list[Arm]:
+def arms(cfg_dir: Path, skip_extend: bool = False) -> list[Arm]:
     up0, dyn = cfg_dir / "upstream-steps0.json", cfg_dir / "dynspec.json"
     atomic.write_json(up0, {"1": {"candidate_steps": [0]}, "4096": {"candidate_steps": [3]}})
     atomic.write_json(dyn, {"1": {"candidate_steps": [0, 3]}})
     adaptive = ("--speculative-adaptive", "--speculative-adaptive-config")
-    return [Arm("plain", speculative=False, version=VERSION),
-            Arm("upstream-0", args=(*adaptive, str(up0)), version=VERSION),
-            Arm("dynspec-off", patched=True, policy="never", args=(*adaptive, str(dyn)), version=VERSION)]
+    out = [Arm("plain", speculative=False, version=VERSION),
+           Arm("upstream-0", args=(*adaptive, str(up0)), version=VERSION),
+           Arm("dynspec-off", patched=True, policy="never", args=(*adaptive, str(dyn)), version=VERSION)]
+    if skip_extend:  # what the one-token verify alone costs: upstream's steps=0 without its draft extend
+        out.append(Arm("upstream-0-no-extend", args=(*adaptive, str(up0)), version=VERSION,
+                       env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}))
+    return out
 
 
 def one_round(server, prompts, out_len: int, concurrency: int) -> dict:
@@ -62,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--out-len", type=int, default=64)
     ap.add_argument("--models", help="tiny models made before (default: made under --out)")
+    ap.add_argument("--with-skip-extend", action="store_true",
+                    help="a fourth arm: upstream steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +78,7 @@ def main(argv=None) -> int:
         make_models(models)
     prompts, _ = shrinking_prompts(8, seed=3)
     rows = []
-    with start_arms(arms(out), models, out / "logs") as servers:
+    with start_arms(arms(out, args.with_skip_extend), models, out / "logs") as servers:
         names = list(servers)
         for c in args.concurrency:
             for name in names:  # warm-up, not counted
