@@ -9,8 +9,6 @@ inside CUDA graphs.  A wider tree raises.
 
 from __future__ import annotations
 
-import torch
-
 
 def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
                                 retrive_index, retrive_next_token, retrive_next_sibling,
@@ -22,6 +20,8 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
     draft token over [prefix | drafts], prefix visible, draft j visible from token k iff
     j <= k.  Mode 1 (qlen only): the draft block alone.
     """
+    import torch  # lazily: dynspec modules do not import torch when imported
+
     if topk != 1:
         raise NotImplementedError(f"sgl_kernel stand-in: build_tree_kernel_efficient for topk={topk} "
                                   "(only chains, topk 1, as spec v2 uses)")
@@ -60,6 +60,8 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     indices of the kept positions, -1 after) and predicts at those positions (the target's
     tokens: the accepted drafts and the bonus token after them).
     """
+    import torch
+
     bs, n = candidates.shape
     width = accept_index.shape[1]
     target = target_predict.reshape(bs, n).to(predicts.dtype)

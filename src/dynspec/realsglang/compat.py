@@ -70,11 +70,10 @@ _FINDER = _PostImportFinder()
 def install(version: str = "0.5.9") -> None:
     """Put the hooks for SGLang `version` in front of the import system (idempotent)."""
     global _VERSION
-    _VERSION = version
-    if version == "0.5.23":
-        from dynspec.realsglang import compat_0523  # noqa: F401  (registers its hooks)
-    elif version != "0.5.9":
+    # 0.5.23's hooks live in compat_0523, which its site-0.5.23/sitecustomize.py imports first.
+    if version not in ("0.5.9", "0.5.23"):
         raise ValueError(f"dynspec.realsglang.compat: no patches for SGLang {version} (0.5.9, 0.5.23)")
+    _VERSION = version
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     # The KV pool's triton copy kernel cannot run on a CPU; SGLang has a torch path for it.
