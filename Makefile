@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: report publish test test-fast lint venv test-venv browser clean
+.PHONY: report publish test test-tp test-fast lint venv test-venv browser clean
 
 # What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
 $(VENV)/.installed: pyproject.toml
@@ -49,7 +49,12 @@ browser:
 # once and must not share the cores with other tests): CI stays well under 30 minutes.
 test: test-venv browser lint
 	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "slow and not tp"
+
+# The patched server at --tp-size 2 on this CPU (five servers, nine scheduler processes: about
+# 9 minutes on 2 cores), outside `make test` so that CI stays under 30 minutes.
+test-tp: test-venv
+	$(PY) -m pytest -m tp
 
 # ruff and mypy (both configured in pyproject.toml): pyflakes, pycodestyle, bugbear; then the
 # types of all of src (the simulator's and scheduler's modules also fully annotated).

@@ -107,7 +107,7 @@ def test_reports_only_read_runs_and_readers_start_no_servers():
 
 # Folders of realsglang that a real SGLang process puts on its path as top-level packages
 # (stand-ins for sgl_kernel, torchvision, flashinfer): not dynspec modules.
-OVERLAYS = ("site", "site-cpu", "site-gpu")
+OVERLAYS = ("site", "site-cpu", "site-gpu", "site-0.5.23")
 
 
 def in_package(module: str, package: str) -> bool:

@@ -1,4 +1,4 @@
-"""The real SGLang 0.5.9 server, unpatched or patched by dynspec, without its native kernels.
+"""The real SGLang server (0.5.9, or 0.5.23 on a CPU), unpatched or patched by dynspec, without its native kernels.
 
 SGLang's `python -m sglang.launch_server` is pure Python over torch plus native kernel
 packages (sgl_kernel, flashinfer) that exist only for CUDA and one torch version.  This
@@ -11,6 +11,13 @@ package runs the real server anyway, on a CPU (tests, CI) or on a GPU with anoth
   that installs `compat` (the few patches SGLang needs to run EAGLE-3 there, each with
   its reason) in every process of the server;
 * `server_env`, `server_argv`: how to start an arm; `tinymodels`: models to serve.
+
+SGLang 0.5.23 (`version="0.5.23"`, CPU only) has its own stand-in folder, `site-0.5.23/`
+(sgl_kernel as sglang-kernel 0.4.10: the CPU index ops of its speculative path in torch), its
+own compatibility patches (`compat_0523`), and its own dependencies (transformers 5, which
+cannot share a process with 0.5.9's 4.57): requirements/sglang-0.5.23-cpu.txt, installed by
+`make test-venv` into .venv/sglang-0.5.23-deps (or $DYNSPEC_SGLANG_0523_DEPS), first on the
+server's PYTHONPATH after the stand-ins.
 
 No other package is stood in for: an absent one raises ImportError as usual.
 `python -m dynspec.realsglang --help` does the same from a shell (used by sweep configs).
@@ -25,8 +32,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-VERSION = "0.5.9"
+VERSION = "0.5.9"  # the default
+VERSIONS = ("0.5.9", "0.5.23")
 SITE = Path(__file__).parent / "site"
+SITE_0523 = Path(__file__).parent / "site-0.5.23"  # sgl_kernel as 0.5.23 imports it, and its sitecustomize
 # torchvision: a stand-in only where the real one cannot load (the CPU torch build).
 SITE_CPU = Path(__file__).parent / "site-cpu"
 # flashinfer: imported at module level on CUDA only; its stand-in only there.
@@ -40,6 +49,18 @@ CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--samplin
 # GPU without flashinfer: Triton attention (its draft-extend is CUDA-graphed in 0.5.9).
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
 COMMON_ARGS = ["--grammar-backend", "none", "--random-seed", "0", "--skip-server-warmup"]
+# 0.5.23's idle scheduler polls without sleeping: servers sharing two cores would starve each other.
+CPU_ARGS_0523 = ["--sleep-on-idle"]
+
+
+def _check_version(version: str) -> None:
+    if version not in VERSIONS:
+        raise ValueError(f"dynspec.realsglang serves SGLang {' or '.join(VERSIONS)}, not {version!r}")
+
+
+def deps_0523() -> Path:
+    """Where 0.5.23's own dependencies are installed (requirements/sglang-0.5.23-cpu.txt)."""
+    return Path(os.environ.get("DYNSPEC_SGLANG_0523_DEPS", Path(sys.prefix) / "sglang-0.5.23-deps"))
 
 
 def spec_args(draft: str | Path, steps: int = 3, draft_tokens: int = 4) -> list[str]:
@@ -53,29 +74,30 @@ def cache_root() -> Path:
     return Path(os.environ.get("DYNSPEC_SGLANG_CACHE", "~/.cache/dynspec/sglang")).expanduser()
 
 
-def _patch_digest() -> str:
+def _patch_digest(version: str = VERSION) -> str:
     """A digest of the shipped patch set, so a changed patch gets a fresh patched copy."""
     from dynspec.sglang.patching import patches_root
 
     h = hashlib.sha256()
-    for f in sorted((patches_root() / f"sglang-{VERSION}").iterdir()):
+    for f in sorted((patches_root() / f"sglang-{version}").iterdir()):
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:12]
 
 
-def sglang_site(patched: bool, root: Path | None = None) -> Path:
-    """A folder holding sglang 0.5.9 (upstream, or patched by dynspec) to put on PYTHONPATH."""
+def sglang_site(patched: bool, root: Path | None = None, version: str = VERSION) -> Path:
+    """A folder holding sglang `version` (upstream, or patched by dynspec) to put on PYTHONPATH."""
     from dynspec.sglang import patching
     from dynspec.realsglang import wheels
 
+    _check_version(version)
     root = root or cache_root()
-    name = f"{VERSION}-patched-{_patch_digest()}" if patched else f"{VERSION}-upstream"
+    name = f"{version}-patched-{_patch_digest(version)}" if patched else f"{version}-upstream"
     dest = root / name
     if (dest / ".complete").exists():
         return dest
     tmp = root / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    wheels.unpack(VERSION, tmp)
+    wheels.unpack(version, tmp)
     if patched:
         out = patching.do_apply(patching.find_sglang(tmp))
         if out.code != 0:
@@ -88,10 +110,19 @@ def sglang_site(patched: bool, root: Path | None = None) -> Path:
     return dest
 
 
-def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> dict[str, str]:
+def server_env(site: Path, *, gpu: bool = False, base: dict | None = None,
+               version: str = VERSION) -> dict[str, str]:
     """The environment of a server process: stand-ins first, then the chosen sglang copy."""
+    _check_version(version)
+    if version == "0.5.23" and gpu:
+        raise ValueError("dynspec.realsglang serves SGLang 0.5.23 on a CPU only")
     env = dict(os.environ if base is None else base)
-    sites = [SITE, SITE_GPU] if gpu else [SITE, SITE_CPU]
+    if version == "0.5.23":
+        sites = [SITE_0523, SITE_CPU, deps_0523()]
+        # Only the tiny models' classes are registered (site-0.5.23/dynspec_models), not all of SGLang's.
+        env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", "dynspec_models")
+    else:
+        sites = [SITE, SITE_GPU] if gpu else [SITE, SITE_CPU]
     path = [*map(str, sites), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(path)
     env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"  # the stand-in is not sgl-kernel 0.3.21
@@ -108,11 +139,13 @@ def server_env(site: Path, *, gpu: bool = False, base: dict | None = None) -> di
 
 
 def server_argv(model: str | Path, port: int, *, host: str = "127.0.0.1", draft: str | Path | None = None,
-                gpu: bool = False, extra: Sequence[str] = ()) -> list[str]:
+                gpu: bool = False, extra: Sequence[str] = (), version: str = VERSION) -> list[str]:
     """`python -m sglang.launch_server ...` for a tiny model on this machine."""
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
             "--host", host, "--port", str(port)]
     argv += GPU_ARGS if gpu else CPU_ARGS
+    if version == "0.5.23":
+        argv += CPU_ARGS_0523
     argv += COMMON_ARGS
     if draft is not None:
         argv += spec_args(draft)

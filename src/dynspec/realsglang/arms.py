@@ -34,13 +34,15 @@ class Arm:
     args: tuple[str, ...] = ()
     site: Path | None = None  # an sglang copy other than the cached upstream/patched one
     tp: int = 1  # --tp-size: tensor-parallel ranks (on a CPU over gloo, one scheduler process each)
+    version: str = "0.5.9"  # the SGLang release served (0.5.23: CPU only)
 
 
 def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: Sequence[str] = (),
                startup_timeout: float = 900.0) -> ArmServer:
-    site = arm.site or realsglang.sglang_site(arm.patched)
+    site = arm.site or realsglang.sglang_site(arm.patched, version=arm.version)
     # Only what the server needs beyond the caller's environment (ArmServer adds that back).
-    env = realsglang.server_env(site, gpu=gpu, base={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    env = realsglang.server_env(site, gpu=gpu, base={"PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                                version=arm.version)
     if arm.speculative:
         env["SGLANG_ENABLE_SPEC_V2"] = "1"
     if arm.policy is not None:
@@ -50,7 +52,8 @@ def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra
     # SGLang picks its NCCL store port at random, and arms started together can collide.
     port = quiet_port()
     argv = realsglang.server_argv(models / "target", port, draft=models / "draft" if arm.speculative else None,
-                                  gpu=gpu, extra=[*extra_args, *arm.args, *tp_args(arm.tp), "--nccl-port", str(quiet_port())])
+                                  gpu=gpu, extra=[*extra_args, *arm.args, *tp_args(arm.tp), "--nccl-port", str(quiet_port())],
+                                  version=arm.version)
     return ArmServer(arm.name, argv, port=port, env=env, log_path=logdir / f"{arm.name}.log",
                      startup_timeout=startup_timeout, shutdown_grace=10)
 

@@ -19,14 +19,18 @@ import sys
 from typing import Callable
 
 _HOOKS: dict[str, list[Callable]] = {}
+_VERSION = "0.5.9"  # the SGLang version this process serves: install() sets it
 
 
-def after_import(module: str, *, when: str = "always"):
-    """Register fn(module) to run right after `module` is first imported."""
+def after_import(module: str, *, when: str = "always", version: str = "0.5.9"):
+    """Register fn(module) to run right after `module` is first imported, when this process
+    serves SGLang `version` (each version's module layout is its own; compat_0523 holds 0.5.23's)."""
     def register(fn):
         def run(mod):
             import torch
 
+            if _VERSION != version:
+                return
             cuda = torch.cuda.is_available()
             if when == "always" or (when == "cpu") != cuda:
                 fn(mod)
@@ -63,8 +67,13 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 _FINDER = _PostImportFinder()
 
 
-def install() -> None:
-    """Put the hooks in front of the import system (idempotent)."""
+def install(version: str = "0.5.9") -> None:
+    """Put the hooks for SGLang `version` in front of the import system (idempotent)."""
+    global _VERSION
+    # 0.5.23's hooks live in compat_0523, which its site-0.5.23/sitecustomize.py imports first.
+    if version not in ("0.5.9", "0.5.23"):
+        raise ValueError(f"dynspec.realsglang.compat: no patches for SGLang {version} (0.5.9, 0.5.23)")
+    _VERSION = version
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     # The KV pool's triton copy kernel cannot run on a CPU; SGLang has a torch path for it.

@@ -1,0 +1,116 @@
+"""What a steps=0 decode step costs on real SGLang 0.5.23, per output token, on this CPU.
+
+Three servers of the tiny crafted models (dynspec.realsglang.tinymodels), started together and
+idle except the one being measured (--sleep-on-idle):
+
+* plain:         no speculation;
+* upstream-0:    upstream's adaptive speculation held at steps=0 by its own config (candidate
+                 steps [0] below batch 4096, [3] above, so 3 is built but never used): a one-token
+                 verify through the verify path, and the draft extend still runs (the default);
+* dynspec-off:   the 0.5.23 patch with DYNSPEC_POLICY=never behind the AdaptiveController
+                 (candidate steps [0, 3]).
+
+Rounds run the arms in turn (ABC, then CBA, ...), so drift on the shared machine falls on all.
+A round sends N prompts with fixed output lengths at concurrency C; the figure is wall seconds
+per output token.  Writes results.json (atomically) beside --out.
+
+    PYTHONPATH=src python experiments/cpu-sglang-0523-steps0/measure.py --out experiments/cpu-sglang-0523-steps0/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dynspec.io import atomic
+from dynspec.realsglang.arms import Arm, generate, server_info, shrinking_prompts, start_arms
+from dynspec.live.server_info import dynspec_state
+
+VERSION = "0.5.23"
+
+
+def arms(cfg_dir: Path, skip_extend: bool = False) -> list[Arm]:
+    up0, dyn = cfg_dir / "upstream-steps0.json", cfg_dir / "dynspec.json"
+    atomic.write_json(up0, {"1": {"candidate_steps": [0]}, "4096": {"candidate_steps": [3]}})
+    atomic.write_json(dyn, {"1": {"candidate_steps": [0, 3]}})
+    adaptive = ("--speculative-adaptive", "--speculative-adaptive-config")
+    out = [Arm("plain", speculative=False, version=VERSION),
+           Arm("upstream-0", args=(*adaptive, str(up0)), version=VERSION),
+           Arm("dynspec-off", patched=True, policy="never", args=(*adaptive, str(dyn)), version=VERSION)]
+    if skip_extend:  # what the one-token verify alone costs: upstream's steps=0 without its draft extend
+        out.append(Arm("upstream-0-no-extend", args=(*adaptive, str(up0)), version=VERSION,
+                       env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}))
+    return out
+
+
+def one_round(server, prompts, out_len: int, concurrency: int) -> dict:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        outs = list(pool.map(lambda p: generate(server.base_url, p, out_len), prompts))
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o["output_ids"]) for o in outs)
+    return {"wall_s": wall, "tokens": tokens, "s_per_token": wall / tokens,
+            # drafts accepted: 0 proves steps=0 held (spec_num_proposed_drafts counts the configured steps)
+            "accepted": sum(o["meta_info"].get("spec_num_correct_drafts") or 0 for o in outs)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for results.json, logs and models")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--out-len", type=int, default=64)
+    ap.add_argument("--models", help="tiny models made before (default: made under --out)")
+    ap.add_argument("--with-skip-extend", action="store_true",
+                    help="a fourth arm: upstream steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = Path(args.models) if args.models else out / "models"
+    if not (models / "target").is_dir():
+        from dynspec.realsglang.tinymodels import make_models
+
+        make_models(models)
+    prompts, _ = shrinking_prompts(8, seed=3)
+    rows = []
+    with start_arms(arms(out, args.with_skip_extend), models, out / "logs") as servers:
+        names = list(servers)
+        for c in args.concurrency:
+            for name in names:  # warm-up, not counted
+                one_round(servers[name], prompts[:c], 8, c)
+            for r in range(args.rounds):
+                order = names if r % 2 == 0 else names[::-1]
+                for name in order:
+                    row = {"arm": name, "concurrency": c, "round": r,
+                           **one_round(servers[name], prompts[:c] * (2 if c == 1 else 1), args.out_len, c)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        info = {n: dynspec_state(server_info(s)) for n, s in servers.items()}
+    summary = {}
+    for c in args.concurrency:
+        med = {n: statistics.median(r["s_per_token"] for r in rows if r["arm"] == n and r["concurrency"] == c)
+               for n in names}
+        # per round ratios to the plain server of the same round
+        ratios = {n: sorted(next(r["s_per_token"] for r in rows if r["arm"] == n and r["concurrency"] == c
+                                 and r["round"] == k) /
+                            next(r["s_per_token"] for r in rows if r["arm"] == "plain" and r["concurrency"] == c
+                                 and r["round"] == k) for k in range(args.rounds))
+                  for n in names if n != "plain"}
+        summary[c] = {"median_s_per_token": med,
+                      "ratio_to_plain_median": {n: statistics.median(v) for n, v in ratios.items()},
+                      "ratio_to_plain_range": {n: [v[0], v[-1]] for n, v in ratios.items()}}
+    result = {"kind": "measured on this project's 2-core CPU (shared), real SGLang 0.5.23, tiny crafted models",
+              "command": " ".join(sys.argv), "out_len": args.out_len, "rounds": args.rounds,
+              "summary": summary, "rows": rows, "dynspec": info}
+    atomic.write_json(out / "results.json", result)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

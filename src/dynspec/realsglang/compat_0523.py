@@ -1,0 +1,111 @@
+"""What SGLang 0.5.23 cannot do on a CPU without its native kernels, and the smallest patch for each.
+
+Registered with compat.after_import(..., version="0.5.23"): they run only in a process that
+serves 0.5.23 (site-0.5.23/sitecustomize.py calls compat.install(version="0.5.23")).
+Each patch says why it is needed.
+"""
+
+from __future__ import annotations
+
+from dynspec.realsglang.compat import after_import
+
+V = "0.5.23"
+
+
+@after_import("sglang.srt.mem_cache.memory_pool", when="cpu", version=V)
+def no_kv_copy_warmup(m):
+    """A speculative server's KV pool warms up a byte-copy kernel at start whose CPU body is
+    sgl_kernel's (not stood in); on a CPU KV moves with torch (SGLANG_NATIVE_MOVE_KV_CACHE=1,
+    set by compat.install())."""
+    m.MHATokenToKVPool._init_kv_copy_and_warmup = lambda self: setattr(self, "_kv_copy_config", None)
+
+
+# --- The draft's attention on torch_native (the CPU's only attention backend) -----------
+@after_import("sglang.srt.speculative.draft_utils", version=V)
+def torch_native_draft_backends(m):
+    """0.5.23's DraftBackendFactory knows no torch_native backend (EAGLE needs a GPU backend there).
+
+    Draft decode step i (topk 1) attends to the committed prefix plus the i + 1 draft tokens
+    written so far: the target's decode attention over seq_lens + i + 1.  The draft extend is an
+    ordinary extend (its lengths come from extend_lengths_for_spec below)."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    class DraftStepBackend(TorchNativeAttnBackend):
+        def __init__(self, model_runner, step: int):
+            super().__init__(model_runner)
+            self.step = step
+
+        def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
+            committed = forward_batch.seq_lens
+            forward_batch.seq_lens = committed + self.step + 1
+            try:
+                return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kw)
+            finally:
+                forward_batch.seq_lens = committed
+
+    class TorchNativeMultiStepDraftBackend:
+        prefill_attention_backend_str = decode_attention_backend_str = "torch_native"
+
+        def __init__(self, model_runner, topk: int, num_steps: int):
+            if topk != 1:
+                raise NotImplementedError("dynspec compat: the torch_native draft backend supports topk 1 only")
+            self.topk, self.speculative_num_steps = topk, num_steps
+            self.attn_backends = [DraftStepBackend(model_runner, i) for i in range(num_steps)]
+            for b in self.attn_backends:
+                b.prefill_attention_backend_str = b.decode_attention_backend_str = "torch_native"
+
+        def init_forward_metadata(self, forward_batch):
+            pass  # torch_native plans nothing
+
+    def is_torch_native(factory) -> bool:
+        from sglang.srt.runtime_context import attention_backends
+
+        return (factory.draft_attn_backend or attention_backends()[1]) == "torch_native"
+
+    decode, extend = m.DraftBackendFactory.create_decode_backend, m.DraftBackendFactory.create_draft_extend_backend
+
+    def create_decode_backend(self):
+        if is_torch_native(self):
+            if self.speculative_num_steps <= 1:
+                return None  # as upstream: steps 0 and 1 draft without attention
+            return TorchNativeMultiStepDraftBackend(self.draft_model_runner, self.topk, self.speculative_num_steps)
+        return decode(self)
+
+    def create_draft_extend_backend(self):
+        if is_torch_native(self):
+            backend = TorchNativeAttnBackend(self.draft_model_runner)
+            backend.prefill_attention_backend_str = backend.decode_attention_backend_str = "torch_native"
+            return backend
+        return extend(self)
+
+    m.DraftBackendFactory.create_decode_backend = create_decode_backend
+    m.DraftBackendFactory.create_draft_extend_backend = create_draft_extend_backend
+
+
+@after_import("sglang.srt.layers.attention.torch_native_backend", version=V)
+def extend_lengths_for_spec(m):
+    """TorchNativeAttnBackend.forward_extend reads extend_prefix_lens/extend_seq_lens, which
+    TARGET_VERIFY and DRAFT_EXTEND_V2 batches do not carry (GPU backends plan from seq_lens).
+    Both hold a fixed number of tokens per request after a prefix: derive the lengths."""
+    import torch
+
+    forward_extend = m.TorchNativeAttnBackend.forward_extend
+
+    def patched(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
+        mode = forward_batch.forward_mode
+        if not (mode.is_target_verify() or mode.is_draft_extend_v2()):
+            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
+        per_req = q.shape[0] // forward_batch.batch_size
+        seq = forward_batch.seq_lens
+        # verify: seq_lens is the committed prefix; draft extend v2: it already counts the new tokens
+        prefix = seq if mode.is_target_verify() else seq - per_req
+        saved = forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens
+        forward_batch.seq_lens = prefix + per_req
+        forward_batch.extend_prefix_lens = prefix
+        forward_batch.extend_seq_lens = torch.full_like(seq, per_req)
+        try:
+            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
+        finally:
+            forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens = saved
+
+    m.TorchNativeAttnBackend.forward_extend = patched
