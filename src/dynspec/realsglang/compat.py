@@ -142,10 +142,10 @@ def extend_lengths_for_verify(m):
 
     forward_extend = m.TorchNativeAttnBackend.forward_extend
 
-    def patched(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    def patched(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
         mode = forward_batch.forward_mode
         if not (mode.is_target_verify() or mode.is_draft_extend_v2()):
-            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache)
+            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
         per_req = q.shape[0] // forward_batch.batch_size
         seq = forward_batch.seq_lens
         # verify: seq_lens is the committed prefix; draft extend v2: it already counts the new tokens
@@ -155,7 +155,7 @@ def extend_lengths_for_verify(m):
         forward_batch.extend_prefix_lens = prefix
         forward_batch.extend_seq_lens = torch.full_like(seq, per_req)
         try:
-            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache)
+            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
         finally:
             forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens = saved
 

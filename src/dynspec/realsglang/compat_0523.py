@@ -7,6 +7,7 @@ Each patch says why it is needed.
 
 from __future__ import annotations
 
+from dynspec.realsglang import compat
 from dynspec.realsglang.compat import after_import
 
 V = "0.5.23"
@@ -27,7 +28,7 @@ def torch_native_draft_backends(m):
 
     Draft decode step i (topk 1) attends to the committed prefix plus the i + 1 draft tokens
     written so far: the target's decode attention over seq_lens + i + 1.  The draft extend is an
-    ordinary extend (its lengths come from extend_lengths_for_spec below)."""
+    ordinary extend (its lengths come from compat.extend_lengths_for_verify, registered below)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     class DraftStepBackend(TorchNativeAttnBackend):
@@ -82,30 +83,6 @@ def torch_native_draft_backends(m):
     m.DraftBackendFactory.create_draft_extend_backend = create_draft_extend_backend
 
 
-@after_import("sglang.srt.layers.attention.torch_native_backend", version=V)
-def extend_lengths_for_spec(m):
-    """TorchNativeAttnBackend.forward_extend reads extend_prefix_lens/extend_seq_lens, which
-    TARGET_VERIFY and DRAFT_EXTEND_V2 batches do not carry (GPU backends plan from seq_lens).
-    Both hold a fixed number of tokens per request after a prefix: derive the lengths."""
-    import torch
-
-    forward_extend = m.TorchNativeAttnBackend.forward_extend
-
-    def patched(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
-        mode = forward_batch.forward_mode
-        if not (mode.is_target_verify() or mode.is_draft_extend_v2()):
-            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
-        per_req = q.shape[0] // forward_batch.batch_size
-        seq = forward_batch.seq_lens
-        # verify: seq_lens is the committed prefix; draft extend v2: it already counts the new tokens
-        prefix = seq if mode.is_target_verify() else seq - per_req
-        saved = forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens
-        forward_batch.seq_lens = prefix + per_req
-        forward_batch.extend_prefix_lens = prefix
-        forward_batch.extend_seq_lens = torch.full_like(seq, per_req)
-        try:
-            return forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache, **kw)
-        finally:
-            forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens = saved
-
-    m.TorchNativeAttnBackend.forward_extend = patched
+# TARGET_VERIFY and DRAFT_EXTEND_V2 batches carry no extend lengths in 0.5.23 either: 0.5.9's hook,
+# registered for this version too.
+after_import("sglang.srt.layers.attention.torch_native_backend", version=V)(compat.extend_lengths_for_verify)
