@@ -27,8 +27,16 @@ RESUME=""; if [ -n "${RESUME_DIR:-}" ]; then
 fi
 # SWEEP_CPUS (e.g. 0-3): the sweep and its client on those cores only (configs pin their servers)
 PIN=""; [ -n "${SWEEP_CPUS:-}" ] && PIN="taskset -c $SWEEP_CPUS"
+# The run folder (per-request records left out) to $OUT every 20 s: a call cut by the device's own
+# limit still brings back every level it finished, in a folder RESUME_DIR can continue.
+( while sleep 20; do
+    [ -d "/tmp/runs/$RUN" ] && tar czf "$OUT/.partial.tgz" --exclude=requests -C /tmp/runs "$RUN" 2>/dev/null \
+        && mv "$OUT/.partial.tgz" "$OUT/$RUN.partial.tgz"
+  done ) & SNAPSHOT=$!
+echo "sweep starts $(date -u +%T), ${SECONDS}s into the call" | tee -a "$OUT/gpu.txt"
 timeout ${SWEEP_S:-360} $PIN python3 -m dynspec sweep --config "$CONFIG" --run-id "$RUN" $RESUME \
     --runs-dir /tmp/runs > "$OUT/sweep.log" 2>&1
+kill $SNAPSHOT 2>/dev/null
 echo "sweep exit $?" | tee -a "$OUT/sweep.log"; tail -15 "$OUT/sweep.log"
 # step traces (DYNSPEC_STEP_TRACE) of this call beside those of earlier calls of the run
 if [ -n "$(ls /tmp/traces 2>/dev/null)" ]; then

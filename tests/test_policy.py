@@ -952,3 +952,28 @@ def test_goodput_notices_when_acceptance_rises_while_it_decodes_plain():
         first = after.index(True)  # the first probe after the shift
         back = next(i for i in range(len(after)) if sum(after[i:i + 50]) >= 45)
         assert back - first < 20, (seed, first, back)
+
+
+def test_goodput_speculates_in_a_bucket_it_only_visits_beside_prefills():
+    """Live at C=8 (one H200, crafted 8B weights, outputs 256-512): the batch held 8 and fell to
+    7 for a step or two whenever a request finished, until the next one's prefill refilled it.
+    Every step at 7 lay beside a prefill, so no speculative step there was ever clean; the
+    bucket 6-7 never got a speculative time, its gain stayed unknown and its choice plain, and
+    each dip switched speculation off and on again (0.71-0.83 of steps speculated through the
+    level where speculation won by 1.2x).  A mode's time that a bucket could not measure lies
+    between those of the buckets on either side that did (a step's time grows with the batch):
+    once its first visits have tried both modes, it decides from them."""
+    policy, rng = Goodput(window=3), random.Random(5)
+    machine = Machine(plain=ms(5.0, 0.03), spec=ms(6.5, 0.5), accepted_mean=1.2, seed=5)
+    run(policy, machine, [4] * 600 + [8] * 600)  # both buckets explored: speculation wins (~1.2x)
+    assert policy._choice[bucket_of(4)] and policy._choice[bucket_of(8)]
+    at7 = []
+    for _ in range(80):
+        for bs, clean in [(8, True)] * 28 + [(7, False)] * 2:
+            d = policy.decide(bs)
+            rec = machine.step(bs, d, rng)
+            policy.observe(rec._replace(clean=clean))
+            if bs == 7:
+                at7.append(d)
+    assert sum(at7[10:]) >= 0.95 * len(at7[10:]), at7  # after its first visits' exploring
+    assert policy.estimates()["6+"]["spec_ms"] is not None

@@ -348,7 +348,7 @@ def _main(args) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(quiet=not args.verbose):
             return _run(args, prog)
     except KeyboardInterrupt:  # one that landed after _run's own handler
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -63,8 +63,11 @@ class Decision(StepTimes):
         # Runs after every step observed: written for speed (dynspec policy bench), builtins
         # min/max/int and method calls kept off the common path.
         tp, ts = self.t_est[0][b], self.t_est[1][b]
-        if tp is None or ts is None:
-            return
+        if tp is None or ts is None or self._seeded[0][b] or self._seeded[1][b]:
+            self._fill(b)
+            tp, ts = self.t_est[0][b], self.t_est[1][b]
+            if tp is None or ts is None:
+                return
         if tp > ts:  # _times
             tp = ts
         acc = self._accepted(b)

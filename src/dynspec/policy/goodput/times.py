@@ -25,7 +25,8 @@ class StepTimes(PrefillAccount):
                 self._t_resume[b] = profile.resume_time(bs)
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
-        self._seeded = [[False] * n, [False] * n]  # t_est borrowed from a neighbour, not measured
+        self._seeded = [[False] * n, [False] * n]  # t_est borrowed from neighbours, not measured
+        self._mids = [bucket_mid(b) for b in range(n)]
         self._t_seen = [[1.0 if profile is not None else 0.0] * n for _ in range(2)]  # steady steps folded in
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec
         # (steady steps), 2 and 3 what switches to speculation and to plain cost (one per switch).
@@ -46,6 +47,26 @@ class StepTimes(PrefillAccount):
         and counts as the spec time: one slow plain step must not keep a losing draft running."""
         tp, ts = self.t_est[0][b], self.t_est[1][b]
         return (min(tp, ts) if tp is not None and ts is not None else tp), ts
+
+    def _fill(self, b: int) -> None:
+        """A mode's time in bucket b that no step measured, or only a neighbour lent, from the
+        nearest buckets on either side that measured it: a step's time grows with the batch, so
+        it lies between theirs (linear in the batch).  A bucket the batch only passes through
+        (one request gone, the next one's prefill about to refill it) has no clean step of its
+        own to time, and would otherwise keep whatever mode it started in."""
+        mids, n = self._mids, len(BUCKET_EDGES)
+        for m in (0, 1):
+            if self.t_est[m][b] is not None and not self._seeded[m][b]:
+                continue
+            t, seeded = self.t_est[m], self._seeded[m]
+            lo = next((i for i in range(b - 1, -1, -1) if t[i] is not None and not seeded[i]), -1)
+            hi = next((i for i in range(b + 1, n) if t[i] is not None and not seeded[i]), -1)
+            if lo < 0 or hi < 0:
+                continue
+            tl, th = t[lo], t[hi]
+            assert tl is not None and th is not None
+            t[b] = tl + (th - tl) * (mids[b] - mids[lo]) / (mids[hi] - mids[lo])
+            seeded[b] = True
 
     def _end_switch(self) -> None:
         """The switch under way is over: what its aftermath cost beyond its steps' own."""
