@@ -568,6 +568,11 @@ def test_every_figure_says_in_words_what_it_shows_from_its_data():
     losing = {"baseline": {1: 100.0, 8: 500.0}, "eagle3": {1: 90.0, 8: 300.0}}
     text = report.alt_of(report.throughput_figure(_levels(throughput=losing, policy=POLICY)))
     assert "eagle3 below baseline at every level" in text and "dynamic" not in text
+    # A compared run beside this one: each run's crossover told apart by name.
+    both = report.level_table(pd.concat([_rows(), _rows(run_id="r2", throughput=losing, policy=POLICY)]))
+    text = report.alt_of(report.speedup_figure(both))
+    assert "Runs r1 and r2 in different line styles" in text
+    assert "In r1: eagle3: 1.50x at C=1" in text and "In r2: eagle3: 0.90x at C=1 to 0.60x at C=8, below 1 at every level" in text
     from dynspec.analysis import crossover
 
     shipped = crossover.load_profiles(None)

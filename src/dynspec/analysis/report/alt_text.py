@@ -70,11 +70,11 @@ def _levels_span(concurrency: pd.Series) -> str:
     return f"C={cs[0]}" if len(cs) == 1 else f"C={cs[0]} to {cs[-1]}"
 
 
-def _first_run(table: pd.DataFrame) -> pd.DataFrame:
-    """This run's rows when compared runs are drawn beside it (the first run_id is this run)."""
+def _by_run(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(prefix, rows) per run: one run unnamed, compared runs each named ("In r1:")."""
     if "run_id" not in table or table["run_id"].nunique() <= 1:
-        return table
-    return table[table["run_id"] == table["run_id"].iloc[0]]
+        return [("", table)]
+    return [(f" In {r}:", table[table["run_id"] == r]) for r in dict.fromkeys(table["run_id"])]
 
 
 def _per_level(table: pd.DataFrame, arm: str, value: str) -> pd.Series:
@@ -105,8 +105,7 @@ def _sides(ratio: pd.Series, above: str, below: str) -> str:
 def _runs_note(table: pd.DataFrame) -> str:
     if "run_id" not in table or table["run_id"].nunique() <= 1:
         return ""
-    runs = list(dict.fromkeys(table["run_id"]))
-    return f" Runs {_names(runs)} in different line styles; the comparisons below are {runs[0]}'s."
+    return f" Runs {_names(list(dict.fromkeys(table['run_id'])))} in different line styles."
 
 
 # --- a run's figures ---------------------------------------------------------------------------------
@@ -118,18 +117,20 @@ def throughput(levels: pd.DataFrame, reference: pd.DataFrame | None = None) -> s
             f"for {_names(arms)}.")
     if reference is not None and len(reference):
         text += f" The seed's measurements for {_names(sorted(set(reference['arm'])))} as hollow squares."
-    mine = _first_run(d)
+    text += _runs_note(d)
     base, _ = roles(levels)
-    if base is not None:
-        b = _per_level(mine, base, "output_throughput")
-        for arm in arms:
-            if arm != base:
-                ratio = (_per_level(mine, arm, "output_throughput") / b).dropna()
-                text += f" {arm} {_sides(ratio, f'above {base}', f'below {base}')}."
-    if len(mine):
-        top = mine.loc[mine["output_throughput"].idxmax()]
-        text += f" Highest: {top['arm']}, {top['output_throughput']:.0f} tok/s at C={int(top['concurrency'])}."
-    return text + _runs_note(d)
+    for prefix, run in _by_run(d):
+        text += prefix
+        if base is not None:
+            b = _per_level(run, base, "output_throughput")
+            for arm in arms:
+                if arm != base and arm in set(run["arm"]):
+                    ratio = (_per_level(run, arm, "output_throughput") / b).dropna()
+                    text += f" {arm} {_sides(ratio, f'above {base}', f'below {base}')}."
+        if len(run):
+            top = run.loc[run["output_throughput"].idxmax()]
+            text += f" Highest: {top['arm']}, {top['output_throughput']:.0f} tok/s at C={int(top['concurrency'])}."
+    return text
 
 
 def speedup(levels: pd.DataFrame) -> str:
@@ -138,13 +139,15 @@ def speedup(levels: pd.DataFrame) -> str:
     arms = [a for a in arm_order(levels) if a in set(sp["arm"]) and a != base]
     text = (f"Output throughput over {base}'s against concurrency ({_levels_span(sp['concurrency'])}, log scale) "
             f"for {_names(arms)}; a line at 1 marks break-even (above it speculation pays).")
-    mine = _first_run(sp)
-    for arm in arms:
-        s = _per_level(mine, arm, "speedup")
-        if len(s):
-            text += (f" {arm}: {s.iloc[0]:.2f}x at C={int(s.index[0])} to {s.iloc[-1]:.2f}x at "
-                     f"C={int(s.index[-1])}, {_sides(s, 'above 1', 'below 1')}.")
-    return text + _runs_note(sp)
+    text += _runs_note(sp)
+    for prefix, run in _by_run(sp):
+        text += prefix
+        for arm in arms:
+            s = _per_level(run, arm, "speedup")
+            if len(s):
+                text += (f" {arm}: {s.iloc[0]:.2f}x at C={int(s.index[0])} to {s.iloc[-1]:.2f}x at "
+                         f"C={int(s.index[-1])}, {_sides(s, 'above 1', 'below 1')}.")
+    return text
 
 
 def envelope(levels: pd.DataFrame) -> str:
