@@ -99,7 +99,8 @@ def _sides(ratio: pd.Series, above: str, below: str) -> str:
         first, then = (above, below) if flags[0] else (below, above)
         return f"{first} up to C={cs[last]}, {then} from C={cs[last + 1]}"
     ups = ", ".join(str(c) for c, f in zip(cs, flags) if f)
-    return f"{above} at C={ups}, {below} elsewhere"
+    downs = ", ".join(str(c) for c, f in zip(cs, flags) if not f)
+    return f"{above} at C={ups}; {below} at C={downs}"
 
 
 def _runs_note(table: pd.DataFrame) -> str:
