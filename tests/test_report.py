@@ -572,10 +572,10 @@ def test_every_figure_says_in_words_what_it_shows_from_its_data():
     both = report.level_table(pd.concat([_rows(), _rows(run_id="r2", throughput=losing, policy=POLICY)]))
     text = report.alt_of(report.speedup_figure(both))
     assert "Runs r1 and r2 in different line styles" in text
+    assert "In r1: eagle3: 1.50x at C=1" in text and "In r2: eagle3: 0.90x at C=1 to 0.60x at C=8, below 1 at every level" in text
     crossing = {"baseline": {1: 100.0, 2: 100.0, 4: 100.0, 8: 100.0}, "eagle3": {1: 120.0, 2: 90.0, 4: 110.0, 8: 80.0}}
     text = report.alt_of(report.speedup_figure(_levels(throughput=crossing, policy=POLICY)))
     assert "above 1 at C=1, 4; below 1 at C=2, 8" in text, text
-    assert "In r1: eagle3: 1.50x at C=1" in text and "In r2: eagle3: 0.90x at C=1 to 0.60x at C=8, below 1 at every level" in text
     from dynspec.analysis import crossover
 
     shipped = crossover.load_profiles(None)
