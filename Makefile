@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: report publish test test-tp test-fast lint venv test-venv browser clean
+.PHONY: report publish test test-tp test-fast lint venv test-venv browser lab clean
 
 # What `make report` needs: dynspec, the notebook stack and a Jupyter kernel for papermill.
 $(VENV)/.installed: pyproject.toml
@@ -79,6 +79,14 @@ report: venv
 
 publish: venv
 	$(PY) -m dynspec pipeline --config $(REPORT_CONFIG) --backend sim --run-id $(REPORT_RUN_ID) --overwrite
+
+# JupyterLab on notebooks/ from this venv (jupyterlab and jupytext come with the notebooks extra):
+# each notebook's jupytext metadata pairs it with its py:percent twin, which a save keeps in step.
+# More options through LAB_ARGS, e.g. make lab LAB_ARGS='--no-browser --port 8890'.  As root (a
+# container) it needs --allow-root, which it gets.
+LAB_ARGS ?=
+lab: venv
+	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

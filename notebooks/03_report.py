@@ -70,7 +70,7 @@ for o in others:
 # Lines: this run (compared runs, if any, in other line styles).
 
 # %%
-report.throughput_figure(compared, ref);
+report.show(report.throughput_figure(compared, ref));
 display(Markdown(report.reference_caption(run, ref)))
 
 # %%
@@ -80,7 +80,7 @@ display(report.wide(levels, "output_throughput", digits=1))
 # ## Speedup over the baseline
 
 # %%
-report.speedup_figure(compared);
+report.show(report.speedup_figure(compared));
 
 # %%
 display(report.wide(report.speedup_table(levels), "speedup", digits=3))
@@ -94,7 +94,7 @@ display(report.wide(report.speedup_table(levels), "speedup", digits=3))
 # %%
 base_arm, spec_arm = report.roles(levels)
 if base_arm and spec_arm:
-    report.envelope_figure(levels)
+    report.show(report.envelope_figure(levels))
     display(report.wide(report.envelope_table(levels), "of_envelope", digits=3))
     display(HTML(report.envelope_summary(levels).round(3).to_html(index=False)))
 else:
@@ -107,7 +107,7 @@ else:
 
 # %%
 percentiles = report.run_percentiles(run)
-report.latency_figure(levels, percentiles);
+report.show(report.latency_figure(levels, percentiles));
 
 # %%
 display(*(report.latency_table(levels, percentiles, (m,)).round(1) for m in ("ttft", "tpot", "itl", "e2e")))
@@ -121,7 +121,7 @@ display(*(report.latency_table(levels, percentiles, (m,)).round(1) for m in ("tt
 
 # %%
 slo = report.run_slo(run)
-report.pareto_figure(levels, 50, slo.get("tpot_ms"));
+report.show(report.pareto_figure(levels, 50, slo.get("tpot_ms")));
 
 # %%
 display(*report.goodput_section(levels, slo))
@@ -139,7 +139,7 @@ display(*report.rate_section(run, percentiles))
 # ## Speculation: accept length and steps speculated
 
 # %%
-report.speculation_figure(levels);
+report.show(report.speculation_figure(levels));
 
 # %%
 display(report.speculation_table(levels).round(3))
@@ -180,7 +180,7 @@ if ref is not None:
 
 # %%
 shipped = crossover.load_profiles(profiles or None)
-report.step_cost_figure(shipped);
+report.show(report.step_cost_figure(shipped));
 
 # %%
 display(crossover.step_crossover_table(shipped))
@@ -194,7 +194,7 @@ display(crossover.step_crossover_table(shipped))
 # dominates, which a verify shares across its k+1 tokens: longer contexts favour speculation.
 
 # %%
-report.forward_curve_figure(shipped) or display(Markdown("No profile here holds a measured forward curve."));
+report.show(report.forward_curve_figure(shipped)) or display(Markdown("No profile here holds a measured forward curve."));
 
 # %% [markdown]
 # Under load, simulated (1024 in / 256 out, seed 0): at which levels EAGLE-3 beats the

@@ -544,3 +544,68 @@ def test_with_no_run_in_data_runs_the_report_opens_the_one_make_report_left_in_b
     other.mkdir()
     with pytest.raises(report.ReportError, match="no runs yet"):  # only the checkout's default folder falls back
         report.open_run(None, runs_dir=other)
+
+
+def _run_figures(lv):
+    return {"throughput": report.throughput_figure(lv, report.load_reference()), "speedup": report.speedup_figure(lv),
+            "envelope": report.envelope_figure(lv), "latency": report.latency_figure(lv),
+            "pareto": report.pareto_figure(lv, 50, 20.0), "speculation": report.speculation_figure(lv)}
+
+
+def test_every_figure_says_in_words_what_it_shows_from_its_data():
+    import matplotlib.pyplot as plt
+
+    alts = {name: report.alt_of(fig) for name, fig in _run_figures(_levels()).items()}
+    for name, text in alts.items():
+        assert text and all(arm in text for arm in THROUGHPUT), (name, text)
+    assert "eagle3 above baseline up to C=4, below baseline from C=16" in alts["throughput"]
+    assert "seed's measurements for baseline and eagle3" in alts["throughput"]
+    assert "eagle3: 1.50x at C=1 to 0.44x at C=64, above 1 up to C=4, below 1 from C=16" in alts["speedup"]
+    assert "eagle3 0.44 at C=64" in alts["envelope"]
+    assert "Pareto front: baseline at C=64" in alts["pareto"] and "TPOT SLO of 20 ms" in alts["pareto"]
+    assert "dynamic: 1.00 of steps speculated at C=1, 0.02 at C=64" in alts["speculation"]
+    # Another run's numbers give another text: EAGLE-3 losing everywhere is said so.
+    losing = {"baseline": {1: 100.0, 8: 500.0}, "eagle3": {1: 90.0, 8: 300.0}}
+    text = report.alt_of(report.throughput_figure(_levels(throughput=losing, policy=POLICY)))
+    assert "eagle3 below baseline at every level" in text and "dynamic" not in text
+    # A compared run beside this one: each run's crossover told apart by name.
+    both = report.level_table(pd.concat([_rows(), _rows(run_id="r2", throughput=losing, policy=POLICY)]))
+    text = report.alt_of(report.speedup_figure(both))
+    assert "Runs r1 and r2 in different line styles" in text
+    assert "In r1: eagle3: 1.50x at C=1" in text and "In r2: eagle3: 0.90x at C=1 to 0.60x at C=8, below 1 at every level" in text
+    crossing = {"baseline": {1: 100.0, 2: 100.0, 4: 100.0, 8: 100.0}, "eagle3": {1: 120.0, 2: 90.0, 4: 110.0, 8: 80.0}}
+    text = report.alt_of(report.speedup_figure(_levels(throughput=crossing, policy=POLICY)))
+    assert "above 1 at C=1, 4; below 1 at C=2, 8" in text, text
+    from dynspec.analysis import crossover
+
+    shipped = crossover.load_profiles(None)
+    steps = report.alt_of(report.step_cost_figure(shipped))
+    assert all(p.name in steps for p in shipped) and "accept length 2, 2.5 and 3" in steps
+    plt.close("all")
+
+
+def test_every_image_of_the_published_report_carries_alt_text_naming_what_it_draws(pub):
+    from html.parser import HTMLParser
+
+    from dynspec.analysis import crossover
+
+    class Images(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found: list[tuple[str, dict]] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("img", "svg"):
+                self.found.append((tag, dict(attrs)))
+
+    parser = Images()
+    parser.feed((pub.report_dir / "report.html").read_text())
+    alts = [(a.get("alt") or a.get("aria-label") or "").strip() for _, a in parser.found]
+    assert len(alts) >= 7, "six figures of the run and the profiles' step costs"
+    assert all(alts) and not [a for a in alts if "No description" in a], alts
+    run_alts = [a for a in alts if "concurrency" in a]
+    assert len(run_alts) == 6, run_alts
+    for text in run_alts:
+        assert all(arm in text for arm in ("baseline", "eagle3", "dynamic")), text
+    steps = next(a for a in alts if a.startswith("Speculative over plain step time"))
+    assert all(p.name in steps for p in crossover.load_profiles(None)), steps

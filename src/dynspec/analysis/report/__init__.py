@@ -16,11 +16,13 @@ In four parts, each importing only those above it, every public name re-exported
   run      loading a run folder, the latest run, the seed's reference table
   tables   level tables, speedup, envelope, the load crossover, latency/goodput/speculation
   prose    status box and banner, summary, headline sentence, findings, captions, notes
+  alt_text what each figure shows, in words from its data (its image's alt text), and `show`
   figures  matplotlib/seaborn figures of a run, and of profiles' step costs ("By profile")
 """
 
 from __future__ import annotations
 
+from dynspec.analysis.report.alt_text import alt_of, describe, show
 from dynspec.analysis.report.figures import FEW_SPEC_STEPS, envelope_figure, forward_curve_figure, latency_figure, \
     palette, pareto_figure, speculation_figure, speedup_figure, step_cost_figure, throughput_figure
 from dynspec.analysis.report.prose import DYNAMIC_TARGET, banner, banner_html, catch_up_note, findings, \
@@ -48,6 +50,8 @@ __all__ = [
     "DYNAMIC_TARGET", "banner", "banner_html", "catch_up_note", "findings", "goodput_section", "headline",
     "headline_sentence", "identity_section", "lockstep_ttft_note", "prompt_source", "rate_section", "reference_caption",
     "run_details", "run_summary", "slo_text", "status_box", "switch_price",
+    # alt_text
+    "alt_of", "describe", "show",
     # figures
     "FEW_SPEC_STEPS", "envelope_figure", "forward_curve_figure", "latency_figure", "palette", "pareto_figure",
     "speculation_figure", "speedup_figure", "step_cost_figure", "throughput_figure",

@@ -1,5 +1,6 @@
 """The report's figures (matplotlib and seaborn, imported when a figure is drawn): each arm the
-same colour in every figure, concurrency on a log axis labelled at the measured levels.
+same colour in every figure, concurrency on a log axis labelled at the measured levels.  Each
+figure carries the words that stand for it (alt_text.describe): `alt_text.show` displays it with them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from dynspec.analysis.crossover import ACCEPT_LENGTHS
+import dynspec.analysis.report.alt_text as alt
 from dynspec.analysis.report.run import SEED_LABEL
 from dynspec.analysis.report.tables import arm_order, envelope_table, pareto_points, roles, speedup_table, static_arms
 from dynspec.results import percentile_label
@@ -123,7 +125,7 @@ def throughput_figure(levels: pd.DataFrame, reference: pd.DataFrame | None = Non
         xs = pd.concat([xs, reference["concurrency"]])
     _concurrency_axes(ax, xs, "output throughput (tok/s)", "Output throughput vs concurrency")
     _legend_below(fig, ax)
-    return fig
+    return alt.describe(fig, alt.throughput(levels, reference))
 
 
 def speedup_figure(levels: pd.DataFrame):
@@ -135,7 +137,7 @@ def speedup_figure(levels: pd.DataFrame):
     _concurrency_axes(ax, sp["concurrency"], "output throughput / baseline",
                       "Speedup over the baseline (above 1: speculation pays)")
     _legend_below(fig, ax)
-    return fig
+    return alt.describe(fig, alt.speedup(levels))
 
 
 def envelope_figure(levels: pd.DataFrame):
@@ -151,7 +153,7 @@ def envelope_figure(levels: pd.DataFrame):
     a2.axhline(1.0, color="0.3", linewidth=1)
     _concurrency_axes(a2, env["concurrency"], "share of envelope", "How close each arm comes to the envelope")
     _legend_below(fig, a2)
-    return fig
+    return alt.describe(fig, alt.envelope(levels))
 
 
 def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
@@ -177,7 +179,7 @@ def latency_figure(levels: pd.DataFrame, percentiles=(50, 99)):
         _concurrency_axes(ax, long["concurrency"], f"{metric} (ms, log scale)",
                           f"{metric}: {', '.join(stats)} (one line style each)")
     _legend_below(fig, axes[1])
-    return fig
+    return alt.describe(fig, alt.latency(levels, percentiles))
 
 
 def pareto_figure(levels: pd.DataFrame, percentile: float = 50, slo_tpot_ms: float | None = None):
@@ -201,7 +203,7 @@ def pareto_figure(levels: pd.DataFrame, percentile: float = 50, slo_tpot_ms: flo
     ax.set_title("Throughput against interactivity (each point a concurrency level)")
     ax.legend()
     _legend_below(fig, ax)
-    return fig
+    return alt.describe(fig, alt.pareto(levels, percentile, slo_tpot_ms))
 
 
 def speculation_figure(levels: pd.DataFrame):
@@ -241,7 +243,7 @@ def speculation_figure(levels: pd.DataFrame):
         _log_x(ax, levels["concurrency"])
         ax.set_xlabel("concurrency = max decode batch size (log scale)")
     _legend_below(fig, a2)
-    return fig
+    return alt.describe(fig, alt.speculation(levels))
 
 
 # Profiles (the report's "By profile": dynspec.analysis.crossover's tables beside them) ----------------
@@ -267,7 +269,7 @@ def step_cost_figure(profiles: list[Profile], accept_lengths=ACCEPT_LENGTHS):
     ax.set_title("Speculation pays while the curve is below the accept length")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     fig.tight_layout()
-    return fig
+    return alt.describe(fig, alt.step_cost(profiles, accept_lengths))
 
 
 def forward_curve_figure(profiles: list[Profile]):
@@ -291,4 +293,4 @@ def forward_curve_figure(profiles: list[Profile]):
     axes[0][0].set_ylabel("target forward, ms")
     axes[0][-1].legend(loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
-    return fig
+    return alt.describe(fig, alt.forward_curve(profiles))
