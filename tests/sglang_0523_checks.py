@@ -233,6 +233,20 @@ def test_worker_switches_states_through_the_controller(server):
     assert stats["unmatched_results"] == 0
 
 
+def test_the_plain_step_needs_a_one_layer_eagle3_draft_and_can_be_turned_off(server, caplog):
+    """The plain step writes the draft's K and V itself, for one EAGLE-3 layer: any other draft
+    (the fake one here has no model) or DYNSPEC_PLAIN_STEP=0 keeps upstream's steps=0, said once."""
+    with caplog.at_level(logging.INFO):
+        w = server(DYN, env={"DYNSPEC_POLICY": "never"})
+    assert w.adaptive_controller is not None and w._dynspec_plain is None
+    assert "steps=0 runs upstream's one-token verify (a draft that is not a one-layer EAGLE-3 head)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        w = server(DYN, env={"DYNSPEC_POLICY": "never", "DYNSPEC_PLAIN_STEP": "0"})
+    assert w._dynspec_plain is None and "(DYNSPEC_PLAIN_STEP=0)" in caplog.text
+    assert server(None)._dynspec_plain is None  # SGLang's own policy: never dynspec's step
+
+
 def test_goodput_with_the_seed_profile_switches_off_at_once(server):
     """The seed's node: EAGLE-3 lost at every concurrency; dynspec stops drafting on step one."""
     w = server({"1": {"candidate_steps": [0, STEPS]},

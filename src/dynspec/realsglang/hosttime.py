@@ -48,7 +48,13 @@ TIMED = {
     "sglang.srt.managers.tp_worker": ["TpModelWorker.forward_batch_generation"],
     "sglang.srt.speculative.eagle_worker_v2": [
         "EAGLEWorkerV2.forward_batch_generation", "EAGLEWorkerV2._dynspec_plain_step",
-        "EAGLEWorkerV2._dynspec_kv_only_prefill", "EAGLEWorkerV2._dynspec_flush_draft_kv"],
+        "EAGLEWorkerV2._dynspec_kv_only_prefill", "EAGLEWorkerV2._dynspec_flush_draft_kv",
+        # 0.5.23: dynspec's plain step and resume, upstream's verify and draft extend
+        "EAGLEWorkerV2._dynspec_plain_decode", "EAGLEWorkerV2._dynspec_resume", "EAGLEWorkerV2.verify",
+        "EagleDraftWorker._draft_extend_for_decode"],
+    "sglang.srt.managers.scheduler_components.batch_result_processor": [  # 0.5.23
+        "SchedulerBatchResultProcessor.process_batch_result_decode"],
+    "sglang.srt.model_executor.model_runner": ["ModelRunner.forward", "ModelRunner.sample"],
     "sglang.srt.model_executor.forward_batch_info": ["ForwardBatch.init_new"],
     "sglang.srt.model_executor.cuda_graph_runner": ["CudaGraphRunner.replay"],
 }
