@@ -89,7 +89,7 @@ def server(monkeypatch, tmp_path):
     monkeypatch.setattr(ew, "get_device", lambda: SimpleNamespace(device="cpu"))
     monkeypatch.setattr(ew, "get_schedule", lambda: SimpleNamespace(page_size=1))
     monkeypatch.setattr(ew, "get_parallel", lambda: SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True),
-                                                                    tp_group=tp))
+                                                                    tp_group=tp, pp_size=1))
     monkeypatch.setattr(ew, "get_context", lambda: ctx)
     monkeypatch.setattr(ew, "get_exec", lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_bs_decode=GRAPH_BS)))
     monkeypatch.setattr(ew, "check_cuda_graph_backend", lambda *a, **k: False)
