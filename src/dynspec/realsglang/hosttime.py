@@ -146,7 +146,7 @@ def install(folder: str | os.PathLike) -> None:
         if name in sys.modules:
             _wrap_module(sys.modules[name])
         else:
-            compat.after_import(name)(_wrap_module)
+            compat.after_import(name, version=compat.served_version())(_wrap_module)
     write_counts(folder, snapshot, thread_name="dynspec-host-times")
 
 
