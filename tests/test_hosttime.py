@@ -110,6 +110,22 @@ def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkey
             sys.meta_path.remove(compat._FINDER)
 
 
+def test_a_module_level_function_is_timed_where_its_callers_look_it_up(tmp_path, monkeypatch, fresh_totals):
+    name = "dynspec_hosttime_functions"
+    (tmp_path / f"{name}.py").write_text("def kv_only(x):\n    return x + 1\n\n"
+                                         "def step(x):\n    return kv_only(x) * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(hosttime.TIMED, name, ["kv_only", "absent"])
+    sys.modules.pop(name, None)
+    try:
+        mod = __import__(name)
+        hosttime._wrap_module(mod)
+        assert [mod.step(1), mod.step(2)] == [4, 6]
+        assert hosttime.snapshot()["kv_only"][0] == 2 and "absent" not in hosttime.snapshot()
+    finally:
+        sys.modules.pop(name, None)
+
+
 def test_read_sums_every_process_and_skips_a_torn_file(tmp_path):
     n = len(hosttime.BUCKETS_MS) + 1
     one = [0] * n
