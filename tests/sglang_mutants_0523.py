@@ -23,6 +23,9 @@ MUTANTS = {
     # unchanged (the target verifies), but after a plain stretch the draft reads holes.
     "mutant-no-kv-catch-up": ("    draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, loc,",
                               "    0 and draft_runner.token_to_kv_pool.set_kv_buffer(attn.attn, loc,"),
+    # The resume runs before the window's pending catch-up rows are written (the cycle's two
+    # plain steps are far fewer than the window): the draft resumes over holes.
+    "mutant-resume-before-flush": ("        dyn.flush()  # the resume's draft extend attends to the plain positions\n", ""),
     # No resume: the first draft after plain steps starts from the placeholder state.
     "mutant-no-resume": ("                    self._dynspec_resume(batch)\n",
                          "                    pass\n"),
