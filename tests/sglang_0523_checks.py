@@ -89,7 +89,7 @@ def server(monkeypatch, tmp_path):
     monkeypatch.setattr(ew, "get_device", lambda: SimpleNamespace(device="cpu"))
     monkeypatch.setattr(ew, "get_schedule", lambda: SimpleNamespace(page_size=1))
     monkeypatch.setattr(ew, "get_parallel", lambda: SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True),
-                                                                    tp_group=tp))
+                                                                    tp_group=tp, pp_size=1))
     monkeypatch.setattr(ew, "get_context", lambda: ctx)
     monkeypatch.setattr(ew, "get_exec", lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_bs_decode=GRAPH_BS)))
     monkeypatch.setattr(ew, "check_cuda_graph_backend", lambda *a, **k: False)
@@ -231,6 +231,20 @@ def test_worker_switches_states_through_the_controller(server):
     assert (stats["steps"], stats["steps_spec"], stats["steps_plain"], stats["switches"]) == (8, 5, 3, 2)
     assert stats["mean_accepted_when_speculating"] == 1.0  # plain steps' zeros are not acceptance
     assert stats["unmatched_results"] == 0
+
+
+def test_the_plain_step_needs_a_one_layer_eagle3_draft_and_can_be_turned_off(server, caplog):
+    """The plain step writes the draft's K and V itself, for one EAGLE-3 layer: any other draft
+    (the fake one here has no model) or DYNSPEC_PLAIN_STEP=0 keeps upstream's steps=0, said once."""
+    with caplog.at_level(logging.INFO):
+        w = server(DYN, env={"DYNSPEC_POLICY": "never"})
+    assert w.adaptive_controller is not None and w._dynspec_plain is None
+    assert "steps=0 runs upstream's one-token verify (a draft that is not a one-layer EAGLE-3 head)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        w = server(DYN, env={"DYNSPEC_POLICY": "never", "DYNSPEC_PLAIN_STEP": "0"})
+    assert w._dynspec_plain is None and "(DYNSPEC_PLAIN_STEP=0)" in caplog.text
+    assert server(None)._dynspec_plain is None  # SGLang's own policy: never dynspec's step
 
 
 def test_goodput_with_the_seed_profile_switches_off_at_once(server):

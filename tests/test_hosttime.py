@@ -71,16 +71,18 @@ def test_the_device_timers_reports_become_gpu_time_per_forward_mode(fresh_totals
     assert snap["gpu forward_extend"][2][-1] == 1  # 150 ms: longer than the last edge
 
 
-def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkeypatch, fresh_totals):
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkeypatch, fresh_totals, version):
     """install() for a module not yet imported: the wrappers go on when it runs, after compat's own
-    post-import hooks on it (a hook that replaced the method first must be timed, not bypassed)."""
+    post-import hooks on it (a hook that replaced the method first must be timed, not bypassed),
+    in a process of either SGLang version."""
     name = "dynspec_hosttime_probe"
     (tmp_path / f"{name}.py").write_text("class Loop:\n    def run_batch(self):\n        return 'upstream'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(hosttime.TIMED, name, ["Loop.run_batch"])
     monkeypatch.setattr(compat, "_HOOKS", {name: []})
 
-    @compat.after_import(name)
+    @compat.after_import(name, version=version)
     def replace(mod):
         mod.Loop.run_batch = lambda self: "compat"
 
@@ -92,6 +94,7 @@ def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkey
             monkeypatch.setattr(event, "synchronize", event.__dict__["synchronize"])
     had_finder = compat._FINDER in sys.meta_path
     compat.install()
+    monkeypatch.setattr(compat, "_VERSION", version)  # the version this process serves
     written = []
     monkeypatch.setattr(hosttime, "write_counts", lambda folder, snap, thread_name: written.append(folder))
     sys.modules.pop(name, None)
@@ -105,6 +108,22 @@ def test_a_module_imported_later_is_wrapped_after_compats_hooks(tmp_path, monkey
         sys.modules.pop(name, None)
         if not had_finder:
             sys.meta_path.remove(compat._FINDER)
+
+
+def test_a_module_level_function_is_timed_where_its_callers_look_it_up(tmp_path, monkeypatch, fresh_totals):
+    name = "dynspec_hosttime_functions"
+    (tmp_path / f"{name}.py").write_text("def kv_only(x):\n    return x + 1\n\n"
+                                         "def step(x):\n    return kv_only(x) * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(hosttime.TIMED, name, ["kv_only", "absent"])
+    sys.modules.pop(name, None)
+    try:
+        mod = __import__(name)
+        hosttime._wrap_module(mod)
+        assert [mod.step(1), mod.step(2)] == [4, 6]
+        assert hosttime.snapshot()["kv_only"][0] == 2 and "absent" not in hosttime.snapshot()
+    finally:
+        sys.modules.pop(name, None)
 
 
 def test_read_sums_every_process_and_skips_a_torn_file(tmp_path):

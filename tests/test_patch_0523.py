@@ -76,6 +76,17 @@ def test_steps_follow_the_policy_and_only_two_states_exist():
     assert (st["steps"], st["steps_spec"], st["steps_plain"], st["switches"]) == (5, 3, 2, 2)
 
 
+def test_the_forwards_the_worker_ran_are_reported_beside_the_decisions():
+    """The patched worker names each forward it ran (plain decode, resume, upstream's verify):
+    /get_server_info shows them next to the policy's decisions."""
+    a, _, _ = adapter(limit=4)
+    assert a.dynspec_stats()["forwards"] == {}
+    for kind in ("plain_decode", "plain_decode", "resume", "steps0_verify"):
+        a.note_forward(kind)
+    assert a.dynspec_stats()["forwards"] == {"plain_decode": 2, "resume": 1, "steps0_verify": 1}
+    assert json.loads(json.dumps(a.dynspec_stats()))["forwards"]["plain_decode"] == 2
+
+
 def test_every_graph_size_is_captured_for_both_states():
     a, _, _ = adapter(steps=3)
     assert a.cuda_graph_bs_for_step(0) is None  # CUDA graphs off: SGLang passes None on

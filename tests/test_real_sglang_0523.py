@@ -9,9 +9,11 @@ raises) and `torchvision`.  `dynspec.realsglang.compat_0523` lists the patches 0
 
 Arms: a plain server; upstream's adaptive speculation with its default tiers; dynspec's policy
 behind the AdaptiveController (candidate steps [0, 3]) speculating always, and in a cycle of one
-speculative step after two steps=0 (the draft must be current when it resumes); and that cycle
-with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, whose draft goes cold during steps=0:
-the acceptance check must catch it.
+speculative step after two steps=0, where dynspec's steps=0 is its own plain step (the target's
+DECODE forward, a KV-only draft catch-up, a resume before the next draft: the draft must be
+current when it resumes); that cycle on upstream's steps=0 (DYNSPEC_PLAIN_STEP=0) with
+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1, whose draft goes cold: the acceptance check must
+catch it; and four mutants of the plain step (tests/sglang_mutants_0523.py), each caught.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.slow
 from dynspec import realsglang  # noqa: E402
 from dynspec.live.server_info import dynspec_state  # noqa: E402
 from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
+from sglang_mutants_0523 import MUTANTS, mutant_site  # noqa: E402
 
 VERSION = "0.5.23"
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang-0523"  # ignored by git
@@ -60,7 +63,9 @@ def runs(tmp_path_factory):
         Arm("dynspec-always", patched=True, policy="always", args=dynspec_args(cfg), version=VERSION),
         Arm("dynspec-cycle", patched=True, policy=CYCLE, args=dynspec_args(cfg), version=VERSION),
         Arm("dynspec-cycle-cold", patched=True, policy=CYCLE, args=dynspec_args(cfg), version=VERSION,
-            env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}),
+            env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1", "DYNSPEC_PLAIN_STEP": "0"}),
+        *(Arm(name, policy=CYCLE, args=dynspec_args(cfg), version=VERSION, site=mutant_site(tmp, name))
+          for name in MUTANTS),
     ]
     prompts, lengths = shrinking_prompts(N_PROMPTS)
     out = {"prompts": prompts, "lengths": lengths, "arms": {}}
@@ -93,6 +98,25 @@ def test_greedy_output_is_the_plain_servers(runs, arm):
         assert ids(runs, arm, level) == ids(runs, "plain", 1), f"{arm} at concurrency {level}"
 
 
+def test_a_plain_step_that_attends_one_position_short_is_caught(runs):
+    assert ids(runs, "mutant-plain-seq-lens", 1) != ids(runs, "plain", 1)
+    assert counters(runs, "mutant-plain-seq-lens")["forwards"]["plain_decode"] > 50
+
+
+def test_dynspec_steps0_is_a_plain_decode_not_a_verify(runs):
+    """The cycle arm's steps=0 are all plain DECODE forwards (none through the verify path),
+    and each speculative step after them resumed the draft; always-speculating runs none."""
+    c = counters(runs, "dynspec-cycle")
+    assert c["forwards"]["plain_decode"] == c["steps_plain"], c
+    assert "steps0_verify" not in c["forwards"], c
+    assert 0.9 * c["steps_spec"] <= c["forwards"]["resume"] <= c["steps_spec"], c
+    assert counters(runs, "dynspec-always")["forwards"] == {}
+    # DYNSPEC_PLAIN_STEP=0: upstream's steps=0 (the one-token verify), as before 2026-12-04
+    cold = counters(runs, "dynspec-cycle-cold")
+    assert cold["forwards"] == {} and cold["steps_plain"] > 50, cold
+    assert "steps=0 runs upstream's one-token verify (DYNSPEC_PLAIN_STEP=0)" in runs["logs"]["dynspec-cycle-cold"]
+
+
 def test_upstream_adaptive_speculates_with_its_own_tiers(runs):
     """SGLang's own policy ran (no dynspec block; its tiers logged) and drafts were accepted."""
     metas = [r["meta"] for lv in LEVELS for r in runs["arms"]["upstream-adaptive"]["levels"][lv]]
@@ -114,8 +138,9 @@ def test_dynspec_runs_behind_the_adaptive_controller(runs):
 
 
 def test_acceptance_after_a_steps0_stretch_is_no_worse_than_always(runs):
-    """Every speculative step of the cycle arm follows two steps=0: with 0.5.23's draft extend
-    during steps=0 its draft is current, so it accepts what always speculating accepts."""
+    """Every speculative step of the cycle arm follows two plain steps: with the KV-only
+    catch-up during them and the resume before the next draft its draft is current, so it
+    accepts what always speculating accepts."""
     always = counters(runs, "dynspec-always")["mean_accepted_when_speculating"]
     cycle = counters(runs, "dynspec-cycle")["mean_accepted_when_speculating"]
     assert always > 1.0, always  # the crafted draft is often right
@@ -123,3 +148,8 @@ def test_acceptance_after_a_steps0_stretch_is_no_worse_than_always(runs):
     # The check can fail: with the draft extend skipped during steps=0 the draft goes cold.
     cold = counters(runs, "dynspec-cycle-cold")["mean_accepted_when_speculating"]
     assert cold < 0.8 * always, (cold, always)
+    # ... and catches a plain step whose catch-up writes nothing, or too late, or that never resumes.
+    for mutant in ("mutant-no-kv-catch-up", "mutant-resume-before-flush", "mutant-no-resume"):
+        broken = counters(runs, mutant)["mean_accepted_when_speculating"]
+        assert broken < 0.8 * always, (mutant, broken, always)
+        assert ids(runs, mutant, 1) == ids(runs, "plain", 1), mutant  # the target still verifies

@@ -8,7 +8,13 @@ idle except the one being measured (--sleep-on-idle):
                  steps [0] below batch 4096, [3] above, so 3 is built but never used): a one-token
                  verify through the verify path, and the draft extend still runs (the default);
 * dynspec-off:   the 0.5.23 patch with DYNSPEC_POLICY=never behind the AdaptiveController
-                 (candidate steps [0, 3]).
+                 (candidate steps [0, 3]); since 2026-12-04 its steps=0 is dynspec's own plain
+                 step (the target's DECODE forward, a KV-only draft catch-up);
+* dynspec-off-verify (--with-verify-off): the same with DYNSPEC_PLAIN_STEP=0, dynspec's off
+                 state before 2026-12-04 (upstream's steps=0 chosen by dynspec's policy).
+
+--host-times records each server's host seconds per SGLang function (dynspec.realsglang.hosttime)
+into results.json: where a step's time goes, arm by arm.
 
 Rounds run the arms in turn (ABC, then CBA, ...), so drift on the shared machine falls on all.
 A round sends N prompts with fixed output lengths at concurrency C; the figure is wall seconds
@@ -20,6 +26,7 @@ per output token.  Writes results.json (atomically) beside --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,7 +41,8 @@ from dynspec.live.server_info import dynspec_state
 VERSION = "0.5.23"
 
 
-def arms(cfg_dir: Path, skip_extend: bool = False) -> list[Arm]:
+def arms(cfg_dir: Path, skip_extend: bool = False, verify_off: bool = False,
+         host_times: Path | None = None) -> list[Arm]:
     up0, dyn = cfg_dir / "upstream-steps0.json", cfg_dir / "dynspec.json"
     atomic.write_json(up0, {"1": {"candidate_steps": [0]}, "4096": {"candidate_steps": [3]}})
     atomic.write_json(dyn, {"1": {"candidate_steps": [0, 3]}})
@@ -45,7 +53,21 @@ def arms(cfg_dir: Path, skip_extend: bool = False) -> list[Arm]:
     if skip_extend:  # what the one-token verify alone costs: upstream's steps=0 without its draft extend
         out.append(Arm("upstream-0-no-extend", args=(*adaptive, str(up0)), version=VERSION,
                        env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}))
+    if verify_off:  # dynspec's off state through upstream's one-token verify, as before 2026-12-04
+        out.append(Arm("dynspec-off-verify", patched=True, policy="never", args=(*adaptive, str(dyn)),
+                       version=VERSION, env={"DYNSPEC_PLAIN_STEP": "0"}))
+    if host_times is not None:
+        out = [dataclasses.replace(a, env={**a.env, "DYNSPEC_HOST_TIMES": str(host_times / a.name)})
+               for a in out]
     return out
+
+
+def host_seconds(folder: Path, decode_tokens: int) -> dict:
+    """Per function: calls, and host milliseconds per output token (inclusive) over the run."""
+    from dynspec.realsglang import hosttime
+
+    return {name: {"calls": calls, "ms_per_token": 1000.0 * sec / decode_tokens}
+            for name, (calls, sec, _) in sorted(hosttime.read(folder).items())}
 
 
 def one_round(server, prompts, out_len: int, concurrency: int) -> dict:
@@ -68,6 +90,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", help="tiny models made before (default: made under --out)")
     ap.add_argument("--with-skip-extend", action="store_true",
                     help="a fourth arm: upstream steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1")
+    ap.add_argument("--with-verify-off", action="store_true",
+                    help="an arm: dynspec off through upstream's one-token verify (DYNSPEC_PLAIN_STEP=0)")
+    ap.add_argument("--host-times", action="store_true",
+                    help="record host seconds per SGLang function in each server (results.json: host_times)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +104,8 @@ def main(argv=None) -> int:
         make_models(models)
     prompts, _ = shrinking_prompts(8, seed=3)
     rows = []
-    with start_arms(arms(out, args.with_skip_extend), models, out / "logs") as servers:
+    ht = out / "host-times" if args.host_times else None
+    with start_arms(arms(out, args.with_skip_extend, args.with_verify_off, ht), models, out / "logs") as servers:
         names = list(servers)
         for c in args.concurrency:
             for name in names:  # warm-up, not counted
@@ -91,6 +118,8 @@ def main(argv=None) -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         info = {n: dynspec_state(server_info(s)) for n, s in servers.items()}
+        if ht is not None:
+            time.sleep(2.0)  # the servers write their host times about once a second
     summary = {}
     for c in args.concurrency:
         med = {n: statistics.median(r["s_per_token"] for r in rows if r["arm"] == n and r["concurrency"] == c)
@@ -107,6 +136,9 @@ def main(argv=None) -> int:
     result = {"kind": "measured on this project's 2-core CPU (shared), real SGLang 0.5.23, tiny crafted models",
               "command": " ".join(sys.argv), "out_len": args.out_len, "rounds": args.rounds,
               "summary": summary, "rows": rows, "dynspec": info}
+    if ht is not None:  # warm-up rounds and prefills included: read per call, or as shares
+        result["host_times"] = {n: host_seconds(ht / n, sum(r["tokens"] for r in rows if r["arm"] == n))
+                                for n in names}
     atomic.write_json(out / "results.json", result)
     print(json.dumps(summary, indent=1))
     return 0

@@ -39,6 +39,11 @@ def after_import(module: str, *, when: str = "always", version: str = "0.5.9"):
     return register
 
 
+def served_version() -> str:
+    """The SGLang version this process serves (set by install())."""
+    return _VERSION
+
+
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds hooked modules through the other finders and runs the hooks after exec."""
 

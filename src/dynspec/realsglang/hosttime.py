@@ -28,7 +28,8 @@ import time
 from dynspec.realsglang import compat
 from dynspec.realsglang.census import write_counts
 
-# module -> the methods timed in it ("Class.method"); what is missing in a version is skipped.
+# module -> the methods timed in it ("Class.method", or "function" for a module-level one); what is
+# missing in a version is skipped.
 TIMED = {
     "sglang.srt.managers.scheduler": [
         "Scheduler.recv_requests", "Scheduler.process_input_requests", "Scheduler.get_next_batch_to_run",
@@ -48,7 +49,13 @@ TIMED = {
     "sglang.srt.managers.tp_worker": ["TpModelWorker.forward_batch_generation"],
     "sglang.srt.speculative.eagle_worker_v2": [
         "EAGLEWorkerV2.forward_batch_generation", "EAGLEWorkerV2._dynspec_plain_step",
-        "EAGLEWorkerV2._dynspec_kv_only_prefill", "EAGLEWorkerV2._dynspec_flush_draft_kv"],
+        "EAGLEWorkerV2._dynspec_kv_only_prefill", "EAGLEWorkerV2._dynspec_flush_draft_kv",
+        # 0.5.23: dynspec's plain step and resume, upstream's verify and draft extend
+        "EAGLEWorkerV2._dynspec_plain_decode", "EAGLEWorkerV2._dynspec_resume", "EAGLEWorkerV2.verify",
+        "EagleDraftWorker._draft_extend_for_decode", "_dynspec_draft_kv_only"],
+    "sglang.srt.managers.scheduler_components.batch_result_processor": [  # 0.5.23
+        "SchedulerBatchResultProcessor.process_batch_result_decode"],
+    "sglang.srt.model_executor.model_runner": ["ModelRunner.forward", "ModelRunner.sample"],
     "sglang.srt.model_executor.forward_batch_info": ["ForwardBatch.init_new"],
     "sglang.srt.model_executor.cuda_graph_runner": ["CudaGraphRunner.replay"],
 }
@@ -111,6 +118,9 @@ def wrap(owner, attr: str, name: str) -> bool:
 
 def _wrap_module(module) -> None:
     for dotted in TIMED.get(module.__name__, ()):
+        if "." not in dotted:  # a module-level function, looked up as a global by its callers
+            wrap(module, dotted, dotted)
+            continue
         cls_name, attr = dotted.split(".")
         cls = getattr(module, cls_name, None)
         if cls is not None:
@@ -140,7 +150,7 @@ def install(folder: str | os.PathLike) -> None:
         if name in sys.modules:
             _wrap_module(sys.modules[name])
         else:
-            compat.after_import(name)(_wrap_module)
+            compat.after_import(name, version=compat.served_version())(_wrap_module)
     write_counts(folder, snapshot, thread_name="dynspec-host-times")
 
 

@@ -147,6 +147,8 @@ class DynspecAdaptivePolicy:
         self._pending: collections.deque = collections.deque()  # (batch_size, speculated, launch_time)
         self._last_result_t: float | None = None
         self.unmatched_results = 0
+        # What the patched worker ran for each decode step (plain_decode, steps0_verify, resume).
+        self.forwards: collections.Counter = collections.Counter()
 
     # --- the AdaptiveSpecPolicy protocol ------------------------------------------------
     @property
@@ -196,6 +198,10 @@ class DynspecAdaptivePolicy:
         self._last_result_t = now
         return None  # dynspec switches only before a step (get_steps_for_batch)
 
+    def note_forward(self, kind: str) -> None:
+        """Called by the patched EAGLEWorkerV2 for each forward it chose (a counter only)."""
+        self.forwards[kind] += 1
+
     # --- reporting ---------------------------------------------------------------------
     def dynspec_stats(self) -> dict:
         """The Controller's counters, for /get_server_info (key "dynspec")."""
@@ -203,6 +209,7 @@ class DynspecAdaptivePolicy:
         stats["engine"] = "sglang-0.5.23-adaptive"
         stats["spec_steps"] = self.spec_steps
         stats["unmatched_results"] = self.unmatched_results
+        stats["forwards"] = dict(self.forwards)
         return stats
 
 
