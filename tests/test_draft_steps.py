@@ -143,3 +143,38 @@ def test_failsafe_falls_back_to_on_steps_on_a_step_count_it_cannot_run():
     assert g.decide_steps(1) == 1 and not g.failed
     g.observe(StepRecord(1, True, (1,), 0.01, None, True, 1))
     assert g.inner.records[-1].steps == 1
+
+
+# --- policies answering a step count ------------------------------------------------------------
+
+def test_a_k_table_answers_its_ranges_steps_and_on_off_tables_stay_on_off():
+    from dynspec.policy import PolicySpecError, build_policy
+
+    t = build_policy("table:1-7=5,8-31=3,32-63=1,64-=0")
+    t.set_candidate_steps([0, 1, 3, 5, 7], 3)
+    assert [t.decide_steps(b) for b in (1, 7, 8, 31, 32, 63, 64, 500)] == [5, 5, 3, 3, 1, 1, 0, 0]
+    assert build_policy(t.spec()).spec() == t.spec()
+    t2 = build_policy("table:1-4=4,5-=on")  # 4 is no candidate: the nearest (5); on: the server's own
+    t2.set_candidate_steps([0, 1, 3, 5, 7], 3)
+    assert t2.decide_steps(1) == 5 and t2.decide_steps(9) == 3
+    onoff = build_policy("table:1-63=on,64-=off")
+    onoff.set_candidate_steps([0, 1, 3, 5, 7], 5)
+    assert onoff.decide_steps(63) == 5 and onoff.decide_steps(64) == 0
+    with pytest.raises(PolicySpecError, match="or =K draft steps"):
+        build_policy("table:1-=many")
+
+
+def test_sglang_tiers_move_k_with_acceptance_in_the_simulator():
+    from dynspec.policy import SglangTiers
+
+    for accept_length, want in ((4.6, 7), (1.2, 1)):  # drafts nearly always right / nearly never
+        p = make_profile(speculative={"num_steps": 5, "num_draft_tokens": 6},
+                         acceptance={"accept_length": accept_length, "concentration": 50})
+        pol = SglangTiers(initial_steps=3)
+        eng = Engine(p, pol, candidate_steps=[0, 1, 3, 5, 7])
+        eng.submit(16, 600)  # batch 1: tier 1's candidates 1, 3, 5, 7
+        run(eng)
+        assert pol.decide_steps(1) == want
+    pol = SglangTiers(initial_steps=3)
+    pol.set_candidate_steps([0, 2, 4], 3)  # a server without the tier's 3: the nearest, larger
+    assert pol.decide_steps(1) == 4 and pol.decide_steps(100) == 0
