@@ -6,6 +6,7 @@ environment (DYNSPEC_POLICY):
     table:1-63=on,64-=off[,dwell=N]    (or draft steps per range: table:1-7=5,8-31=3,32-63=1,64-=0)
     sglang-default-tiers[:steps=N]
     goodput[:profile=NAME,KEY=VALUE,...]   (the keys: GoodputParams)
+    goodput-k[:...]   (goodput's options; with candidate steps, also the draft length K)
     cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
 """
 
@@ -22,7 +23,7 @@ from dynspec.policy.step_cost import ProfileLoader, StepCost
 from dynspec.policy.sync import SyncHook
 from dynspec.policy.tiers import SglangTiers
 
-POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "cycle")
+POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "goodput-k", "cycle")
 
 
 def _int(spec: str, key: str, value: str, lo: int = 0) -> int:
@@ -181,6 +182,10 @@ def build_policy(spec: str, *, profile: StepCost | None = None, sync: SyncHook |
         return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
     if name == "goodput":
         return _goodput(spec, body, profile, sync, window, load_profile)
+    if name == "goodput-k":
+        from dynspec.policy.goodput.steps import GoodputK
+
+        return GoodputK(_goodput(spec, body, profile, sync, window, load_profile), spec_text=spec)
     if name == "cycle":
         o = _options(spec, body, {"spec": "speculative steps per cycle", "plain": "plain steps per cycle"}) \
             if body else {}
