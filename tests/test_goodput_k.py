@@ -120,3 +120,20 @@ def test_without_candidates_or_under_tp_it_is_goodput_on_off():
     q.set_candidate_steps(CANDS, 5)
     ks = {q.decide_steps(4) for _ in range(200)}
     assert ks <= {0, 5}
+
+
+def test_family_k_runs_every_arm_and_the_oracle_is_the_best_static_k():
+    import pandas as pd
+
+    from dynspec.analysis.family import member
+    from dynspec.analysis.family_k import run_member_k, summarize_k
+
+    rows = run_member_k(member(0, 12), (0, 1, 3, 5, 7), levels=(1, 64))
+    df = pd.DataFrame(rows)
+    assert {"goodput-k", "goodput", "sglang-tiers", "k-table", "oracle", "static-0", "static-7"} <= set(df.arm)
+    t = df.pivot_table(index="concurrency", columns="arm", values="steady_throughput")
+    statics = t[[f"static-{k}" for k in (0, 1, 3, 5, 7)]]
+    assert (t["oracle"] == statics.max(axis=1)).all()
+    lines, fig = summarize_k(df)
+    assert fig["goodput-k/oracle"][0] <= 1.0 + 1e-9 or fig["goodput-k/oracle"][0] > 0  # a ratio, computed
+    assert any("sglang-tiers" in line for line in lines)
