@@ -114,8 +114,15 @@ def test_a_probe_shows_goodput_the_chosen_ks_acceptance():
 
 
 def test_without_candidates_or_under_tp_it_is_goodput_on_off():
-    p = build_policy("goodput-k")
-    assert p.decide_steps(1) in (0, 0)  # no candidates: on_steps is 0 until set; goodput explores plain first
+    # A one-count server (0.5.9's path, no candidate steps): step for step what goodput does.
+    prof = k_profile()
+    got = []
+    for arm in ("policy:goodput", "policy:goodput-k"):
+        engines: list[Engine] = []
+        m, _ = simulate_level(prof, arm, 16, input_len=64, output_len=200, num_prompts=80, engine_out=engines)
+        st = engines[0].stats
+        got.append((m["output_throughput"], st.steps_spec, st.steps_plain, st.switches))
+    assert got[0] == got[1]
     q = build_policy("goodput-k", sync=lambda v: v)
     q.set_candidate_steps(CANDS, 5)
     ks = {q.decide_steps(4) for _ in range(200)}
@@ -135,5 +142,6 @@ def test_family_k_runs_every_arm_and_the_oracle_is_the_best_static_k():
     statics = t[[f"static-{k}" for k in (0, 1, 3, 5, 7)]]
     assert (t["oracle"] == statics.max(axis=1)).all()
     lines, fig = summarize_k(df)
-    assert fig["goodput-k/oracle"][0] <= 1.0 + 1e-9 or fig["goodput-k/oracle"][0] > 0  # a ratio, computed
+    worst, median = fig["goodput-k/oracle"]
+    assert 0 < worst <= median  # goodput-k against the best static K, per level
     assert any("sglang-tiers" in line for line in lines)
