@@ -65,7 +65,7 @@ def _dist(r) -> str:
             f"mean {r.mean():.3f}  >= 0.97: {100 * (r >= 0.97).mean():5.1f}%  (n={len(r)})")
 
 
-def summarize_k(df, column: str = "steady_throughput") -> tuple[list[str], dict]:
+def summarize_k(df, column: str = "steady_throughput") -> tuple[list[str], dict[str, object]]:
     """The report's lines and figures: goodput-k against the best static K per level (the oracle),
     against SGLang's tiers where the two differ by more than 1%, and against on/off goodput where
     an intermediate K (neither 0 nor the largest candidate) is the best static one."""
@@ -74,7 +74,8 @@ def summarize_k(df, column: str = "steady_throughput") -> tuple[list[str], dict]
     t = df.pivot_table(index=["member", "concurrency"], columns="arm", values=column)
     best = df[df.arm == "oracle"].set_index(["member", "concurrency"]).best_static_k.reindex(t.index)
     kmax = max(int(a.split("-")[1]) for a in t.columns if a.startswith("static-"))
-    lines, fig = [], {}
+    lines: list[str] = []
+    fig: dict[str, object] = {}
     for arm in ("goodput-k", "goodput", "sglang-tiers", "k-table", f"static-{kmax}"):
         r = t[arm] / t["oracle"]
         lines.append(f"  {arm:14s} / oracle: {_dist(r)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from dynspec.policy.base import StepRecord
+from dynspec.policy.base import Policy, StepRecord
 from dynspec.policy.spec import build_policy
 from dynspec.policy.step_cost import ProfileLoader
 
@@ -58,7 +58,8 @@ def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None
     return samples[steps // 10:]  # drop warm-up
 
 
-def _bench_steps(policy, stream, candidate_steps: list[int]) -> list[float]:
+def _bench_steps(policy: Policy, stream: list[tuple[int, float, tuple[int, ...], tuple]],
+                 candidate_steps: list[int]) -> list[float]:
     """bench_policy's loop for a server with several draft lengths (SGLang 0.5.23)."""
     policy.set_candidate_steps(candidate_steps, 3)
     clock = time.perf_counter_ns
