@@ -246,11 +246,24 @@ def family_k_main(args, cands: tuple[int, ...]) -> int:
         members = [member(args.seed, i) for i in range(args.family)]
     run = functools.partial(run_member_k, candidate_steps=cands, range_ratio=args.range_ratio,
                             level_scale=args.level_scale)
+    journal = None
+    if args.out:  # each member's rows kept as it finishes: the same command resumes (dynspec.io.journal)
+        from dynspec.io.journal import Journal, code_digest
+
+        config = {"family_seed": members[0].seed, "candidate_steps": list(cands), "range_ratio": args.range_ratio,
+                  "level_scale": args.level_scale, "code": code_digest()}
+        try:
+            journal = Journal(f"{args.out}.journal.jsonl", config)
+        except JournalError as exc:
+            print(f"envelope.py: {exc}", file=sys.stderr)
+            return 2
+    done = journal.done if journal else {}
+    todo = [m for m in members if f"member:{m.index}" not in done]
     from tqdm import tqdm
 
-    rows = [r for part in tqdm(_each(run, members, args.jobs), total=len(members), desc="members", disable=None)
-            for r in part]
-    df = pd.DataFrame(rows)
+    for part in tqdm(_each(run, todo, args.jobs), total=len(todo), desc="members", disable=None):
+        (journal.add if journal else done.__setitem__)(f"member:{part[0]['member']}", part)
+    df = pd.DataFrame([r for m in members for r in done[f"member:{m.index}"]])
     print(f"\nfamily {members[0].seed}, {len(members)} members, candidate steps {','.join(map(str, cands))}, "
           f"output lengths in [{args.range_ratio:g}, 1] x the member's, closed loop: SIMULATED output tok/s "
           f"over the steady state ({df[df.arm == 'oracle'].shape[0]} member-levels)")
