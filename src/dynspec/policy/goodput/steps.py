@@ -29,7 +29,7 @@ choice is off and every speculative step runs the server's own count (on_steps).
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Sequence
 
 from dynspec.policy.base import Policy, StepRecord
 from dynspec.policy.buckets import _BUCKETS, _LAST_BUCKET, _N_BUCKETS, BUCKET_EDGES
@@ -69,6 +69,11 @@ class GoodputK(Policy):
         self._probe_left, self._probe_b, self._probe_k, self._probe_up = 0, -1, 0, [True] * n
         self._prev_k = -1  # the K of the previous step (steady timing)
         self._updates = 0
+        self._by_k = False  # candidates set and K chosen locally
+        # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
+        self.set_batch = inner.set_batch  # type: ignore[method-assign]
+        self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
+        self.note_prefill = inner.note_prefill  # type: ignore[method-assign]
 
     # Candidates ---------------------------------------------------------------------------
     def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
@@ -78,6 +83,7 @@ class GoodputK(Policy):
         self.tried, self.kept = [0.0] * kmax, [0.0] * kmax
         self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
         self.k_cur = [self.on_steps] * len(BUCKET_EDGES)
+        self._by_k = self._local
 
     # Deciding -----------------------------------------------------------------------------
     def decide(self, batch_size: int) -> bool:
@@ -86,9 +92,7 @@ class GoodputK(Policy):
     def decide_steps(self, batch_size: int) -> int:
         if not self.inner.decide(batch_size):
             return 0
-        if not self.candidate_steps:
-            return self.on_steps
-        if not self._local:
+        if not self._by_k:  # no candidates, or tensor parallel: the server's own count
             return self.on_steps
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
         if self._probe_left:
@@ -190,7 +194,7 @@ class GoodputK(Policy):
         bs, speculated, accepted, t, _, clean, k = rec
         if k is None:
             k = self.on_steps if speculated else 0
-        if not self.candidate_steps or not self._local:
+        if not self._by_k:
             self.inner.observe(rec)
             return
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET
@@ -236,16 +240,7 @@ class GoodputK(Policy):
             kept[i] = kept[i] * d + nxt
             reach = nxt
 
-    # Delegated -------------------------------------------------------------------------------
-    def set_batch(self, requests: Sequence[Hashable] | None) -> None:
-        self.inner.set_batch(requests)
-
-    def wants_requests(self, batch_size: int) -> bool:
-        return self.inner.wants_requests(batch_size)
-
-    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
-        self.inner.note_prefill(requests, tokens, seconds)
-
+    # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
     def reason(self, batch_size: int) -> str:
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
         return f"{self.inner.reason(batch_size)}; K={self.k_cur[b] if self.candidate_steps else self.on_steps}"
