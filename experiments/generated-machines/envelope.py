@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="with --family: which family")
     ap.add_argument("--family-member", metavar="S:I", help="run member I of family S alone, every arm, level by level")
     ap.add_argument("--jobs", type=int, default=1, help="with --family: members simulated in parallel")
-    ap.add_argument("--range-ratio", type=float, default=1.0, metavar="R",
+    ap.add_argument("--range-ratio", type=float, default=None, metavar="R",
                     help="with --family: output lengths drawn in [R x the member's, the member's] per request "
                          "(bench_serving's --random-range-ratio; default 1: one fixed length)")
     ap.add_argument("--level-scale", type=int, default=1, metavar="K",
@@ -74,14 +74,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --family: rerun every member-level where dynamic is below the target of "
                          "max(never, eagle3), whole or steady, with simulator seeds 1..K-1 and judge it again "
                          "on each arm's mean over seeds 0..K-1")
+    ap.add_argument("--candidate-steps", metavar="K,K,...",
+                    help="with --family: a server that runs any of these draft lengths (SGLang 0.5.23's, e.g. "
+                         "0,1,3,5,7): goodput-k against the best static K per level, SGLang's tiers, on/off "
+                         "goodput and a batch-size -> K table (dynspec.analysis.family_k); output lengths "
+                         "varied (--range-ratio, default 0.5 here)")
     args = ap.parse_args(argv)
     args.argv = ["experiments/generated-machines/envelope.py", *(sys.argv[1:] if argv is None else argv)]
     if args.confirm == 1 or args.confirm < 0:
         ap.error(f"--confirm must be 0 (off) or at least 2 seeds, got {args.confirm}")
     if args.level_scale < 1:
         ap.error(f"--level-scale must be an integer >= 1, got {args.level_scale}")
+    if args.range_ratio is None:
+        args.range_ratio = 0.5 if args.candidate_steps else 1.0
     if not 0.0 < args.range_ratio <= 1.0:
         ap.error(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
+    if args.candidate_steps:
+        if args.family is None and not args.family_member:
+            ap.error("--candidate-steps goes with --family or --family-member")
+        try:
+            cands = tuple(sorted({int(k) for k in args.candidate_steps.split(",")}))
+        except ValueError:
+            cands = ()
+        if not cands or cands[0] < 0 or cands[-1] < 1:
+            ap.error(f"--candidate-steps must be integers >= 0 with one above 0, got {args.candidate_steps!r}")
+        return family_k_main(args, cands)
     if args.family is not None or args.family_member:
         return family_main(args)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -212,6 +229,58 @@ def family_main(args) -> int:
                          {**journal.config, "members": [m.index for m in members], "confirm": args.confirm,
                           "journal": str(journal.path)}, argv=args.argv, outputs=outputs)
     return 0 if ok else 1
+
+
+def family_k_main(args, cands: tuple[int, ...]) -> int:
+    """--candidate-steps: the draft-length arms on the family (dynspec.analysis.family_k)."""
+    import pandas as pd
+
+    from dynspec.analysis.family import member
+    from dynspec.analysis.family_k import run_member_k, summarize_k
+
+    w0 = time.perf_counter()
+    if args.family_member:
+        s, _, i = args.family_member.partition(":")
+        members = [member(int(s), int(i))]
+    else:
+        members = [member(args.seed, i) for i in range(args.family)]
+    run = functools.partial(run_member_k, candidate_steps=cands, range_ratio=args.range_ratio,
+                            level_scale=args.level_scale)
+    journal = None
+    if args.out:  # each member's rows kept as it finishes: the same command resumes (dynspec.io.journal)
+        from dynspec.io.journal import Journal, code_digest
+
+        config = {"family_seed": members[0].seed, "candidate_steps": list(cands), "range_ratio": args.range_ratio,
+                  "level_scale": args.level_scale, "code": code_digest()}
+        try:
+            journal = Journal(f"{args.out}.journal.jsonl", config)
+        except JournalError as exc:
+            print(f"envelope.py: {exc}", file=sys.stderr)
+            return 2
+    done = journal.done if journal else {}
+    todo = [m for m in members if f"member:{m.index}" not in done]
+    from tqdm import tqdm
+
+    for part in tqdm(_each(run, todo, args.jobs), total=len(todo), desc="members", disable=None):
+        (journal.add if journal else done.__setitem__)(f"member:{part[0]['member']}", part)
+    df = pd.DataFrame([r for m in members for r in done[f"member:{m.index}"]])
+    print(f"\nfamily {members[0].seed}, {len(members)} members, candidate steps {','.join(map(str, cands))}, "
+          f"output lengths in [{args.range_ratio:g}, 1] x the member's, closed loop: SIMULATED output tok/s "
+          f"over the steady state ({df[df.arm == 'oracle'].shape[0]} member-levels)")
+    for label, col in (("steady state", "steady_throughput"), ("whole run", "output_throughput")):
+        lines, _ = summarize_k(df, col)
+        print(f"over the {label}:")
+        print("\n".join(lines))
+    print(f"({time.perf_counter() - w0:.0f} s wall, {args.jobs} jobs)")
+    if args.out:
+        write_frame(args.out, df)
+        from dynspec import provenance
+
+        provenance.write(provenance.beside(args.out), "experiments/generated-machines/envelope.py --candidate-steps",
+                         {"family_seed": members[0].seed, "members": [m.index for m in members],
+                          "candidate_steps": list(cands), "range_ratio": args.range_ratio,
+                          "level_scale": args.level_scale}, argv=args.argv, outputs=[args.out])
+    return 0
 
 
 def _journal(args, seed: int):

@@ -34,10 +34,20 @@ def _bench(args) -> int:
     if args.batch is not None and not 1 <= args.batch <= 4096:
         print(f"dynspec policy bench: --batch must be in 1..4096, got {args.batch}", file=sys.stderr)
         return 2
+    cands = None
+    if args.candidate_steps:
+        try:
+            cands = [int(k) for k in args.candidate_steps.split(",")]
+            if min(cands) < 0 or max(cands) < 1:
+                raise ValueError
+        except ValueError:
+            print(f"dynspec policy bench: --candidate-steps must be integers >= 0 with one above 0, "
+                  f"got {args.candidate_steps!r}", file=sys.stderr)
+            return 2
     last = 0.0
     for spec in specs:
         try:
-            samples = bench_policy(spec, args.steps, args.seed, args.batch, load_profile)
+            samples = bench_policy(spec, args.steps, args.seed, args.batch, load_profile, cands)
         except PolicySpecError as exc:
             print(f"dynspec policy bench: {exc}", file=sys.stderr)
             return 2
@@ -58,6 +68,8 @@ def add_cli(sub) -> None:
     b = psub.add_parser("bench", help="time decide+observe; the last line is the worst median")
     b.add_argument("spec", nargs="?", help="one spec (default: every built-in policy)")
     b.add_argument("--steps", type=int, default=20000)
+    b.add_argument("--candidate-steps", metavar="K,K,...",
+                   help="time decide_steps on a server with these draft lengths (SGLang 0.5.23's, e.g. 0,1,3,5,7)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--batch", type=int, help="a fixed batch size instead of one drifting between 1 and 128")
     b.set_defaults(func=_bench)

@@ -1,5 +1,7 @@
 """What every policy is: `decide(batch_size) -> bool` before a decode step, `observe(StepRecord)`
-after it, and what the tensor-parallel ranks agree on."""
+after it, and what the tensor-parallel ranks agree on.  A server that can run several draft lengths
+(SGLang 0.5.23's candidate steps) asks `decide_steps(batch_size) -> int` instead: by default the
+on/off decision at the server's own step count."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ class StepRecord(NamedTuple):
     # No prefill was launched between the previous result and this one (a live server's overlap
     # pipeline: that interval then holds the prefill's host work too).  The simulator's always are.
     clean: bool = True
+    # Draft steps the step ran (0 when plain); None: the server's one configured count (0.5.9).
+    steps: int | None = None
 
 
 class Policy:
@@ -37,8 +41,34 @@ class Policy:
         """The ids of the requests the next decide()'s step runs (rank-identical, e.g. SGLang's
         rids), or None when the caller does not pass them (a batch above requests_up_to)."""
 
+    # The draft lengths the server can run, ascending (0: no speculation), and the one it speculates
+    # with when a policy answers only on/off.  Empty: one configured count, decide() only.
+    candidate_steps: tuple[int, ...] = ()
+    on_steps = 0
+
+    def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
+        """The server runs any of `steps` draft steps (0 included: no speculation); `on_steps` is
+        what decide()'s True means.  Called once, before the first decide_steps."""
+        cands = tuple(sorted(set(int(k) for k in steps)))
+        if not cands or cands[0] < 0:
+            raise ValueError(f"candidate steps must be integers >= 0, got {list(steps)}")
+        if cands[-1] == 0:
+            raise ValueError("candidate steps need one above 0 (0 alone: never speculate)")
+        self.candidate_steps = cands
+        self.on_steps = self._nearest_positive(on_steps)
+
+    def _nearest_positive(self, k: int) -> int:
+        """The positive candidate nearest to k (the larger one on a tie)."""
+        pos = [c for c in self.candidate_steps if c > 0]
+        return min(pos, key=lambda c: (abs(c - k), -c))
+
     def decide(self, batch_size: int) -> bool:
         raise NotImplementedError
+
+    def decide_steps(self, batch_size: int) -> int:
+        """Draft steps for the next decode step, one of candidate_steps: by default the on/off
+        decision, on meaning on_steps.  A policy that weighs step counts overrides it."""
+        return self.on_steps if self.decide(batch_size) else 0
 
     def wants_requests(self, batch_size: int) -> bool:
         """Whether the next speculative step's StepRecord should carry its requests' ids (a

@@ -48,6 +48,23 @@ class FailSafePolicy(Policy):
             self.fail("decide", exc)
             return True
 
+    def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
+        super().set_candidate_steps(steps, on_steps)  # bad steps raise here: a caller's error
+        self._guarded("set_candidate_steps", lambda a: self.inner.set_candidate_steps(*a), (steps, on_steps))
+
+    def decide_steps(self, batch_size: int) -> int:
+        if self.failed:
+            return self.on_steps
+        try:
+            k = int(self.inner.decide_steps(batch_size))
+        except Exception as exc:  # noqa: BLE001 - any failure must not stop the server
+            self.fail("decide_steps", exc)
+            return self.on_steps
+        if k not in self.candidate_steps:  # the server cannot run it: as a raise
+            self.fail("decide_steps", ValueError(f"{k} draft steps is not a candidate {self.candidate_steps}"))
+            return self.on_steps
+        return k
+
     def wants_requests(self, batch_size: int) -> bool:
         if self.failed:
             return False

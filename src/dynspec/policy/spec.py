@@ -3,9 +3,10 @@ environment (DYNSPEC_POLICY):
 
     always | never
     threshold:32 | threshold:on=24,off=32,dwell=50
-    table:1-63=on,64-=off[,dwell=N]
+    table:1-63=on,64-=off[,dwell=N]    (or draft steps per range: table:1-7=5,8-31=3,32-63=1,64-=0)
     sglang-default-tiers[:steps=N]
     goodput[:profile=NAME,KEY=VALUE,...]   (the keys: GoodputParams)
+    goodput-k[:...]   (goodput's options; with candidate steps, also the draft length K)
     cycle:spec=2,plain=3   (a switching stress test, not a policy to deploy)
 """
 
@@ -22,7 +23,7 @@ from dynspec.policy.step_cost import ProfileLoader, StepCost
 from dynspec.policy.sync import SyncHook
 from dynspec.policy.tiers import SglangTiers
 
-POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "cycle")
+POLICY_NAMES = ("always", "never", "threshold", "table", "sglang-default-tiers", "goodput", "goodput-k", "cycle")
 
 
 def _int(spec: str, key: str, value: str, lo: int = 0) -> int:
@@ -82,7 +83,7 @@ def _threshold(spec: str, body: str) -> Threshold:
 def _table(spec: str, body: str) -> Table:
     if not body:
         raise PolicySpecError(f"{spec!r}: table needs ranges, e.g. table:1-63=on,64-=off")
-    ranges: list[tuple[int, int | None, bool]] = []
+    ranges: list[tuple[int, int | None, bool | int]] = []
     dwell = 0
     for part in body.split(","):
         if "=" not in part:
@@ -91,14 +92,19 @@ def _table(spec: str, body: str) -> Table:
         if key == "dwell":
             dwell = _int(spec, "dwell", value)
             continue
-        if value not in ("on", "off"):
-            raise PolicySpecError(f"{spec!r}: range {key!r} must be =on or =off, got {value!r}")
+        on: bool | int
+        if value in ("on", "off"):
+            on = value == "on"
+        elif value.isdigit():  # draft steps (0: off)
+            on = int(value)
+        else:
+            raise PolicySpecError(f"{spec!r}: range {key!r} must be =on or =off (or =K draft steps), got {value!r}")
         lo_s, dash, hi_s = key.partition("-")
         lo = _int(spec, "range start", lo_s, lo=1)
         hi = (_int(spec, "range end", hi_s, lo=1) if hi_s else None) if dash else lo
         if hi is not None and hi < lo:
             raise PolicySpecError(f"{spec!r}: range {key!r} ends before it starts")
-        ranges.append((lo, hi, value == "on"))
+        ranges.append((lo, hi, on))
     if not ranges:
         raise PolicySpecError(f"{spec!r}: table has no ranges")
     ranges.sort(key=lambda r: r[0])
@@ -176,6 +182,10 @@ def build_policy(spec: str, *, profile: StepCost | None = None, sync: SyncHook |
         return SglangTiers(_int(spec, "steps", o.get("steps", str(initial_steps)), lo=1))
     if name == "goodput":
         return _goodput(spec, body, profile, sync, window, load_profile)
+    if name == "goodput-k":
+        from dynspec.policy.goodput.steps import GoodputK
+
+        return GoodputK(_goodput(spec, body, profile, sync, window, load_profile), spec_text=spec)
     if name == "cycle":
         o = _options(spec, body, {"spec": "speculative steps per cycle", "plain": "plain steps per cycle"}) \
             if body else {}

@@ -100,15 +100,18 @@ class Cycle(Policy):
 
 
 class Table(Policy):
-    """A batch-size -> on/off table (the shape vLLM, TensorRT-LLM and SGLang share)."""
+    """A batch-size -> on/off table (the shape vLLM, TensorRT-LLM and SGLang share), or a
+    batch-size -> draft steps table (vLLM's K by batch size): a range's value is on, off or K."""
 
     name = "table"
 
-    def __init__(self, ranges: Sequence[tuple[int, int | None, bool]], dwell: int = 0):
-        # ranges: (low, high or None for open-ended, on), sorted and covering 1..inf.
+    def __init__(self, ranges: Sequence[tuple[int, int | None, bool | int]], dwell: int = 0):
+        # ranges: (low, high or None for open-ended, on or K), sorted and covering 1..inf.
         self.ranges = list(ranges)
         self._lows = [lo for lo, _, _ in self.ranges]
-        self._on = [on for _, _, on in self.ranges]
+        self._on = [bool(on) for _, _, on in self.ranges]
+        # K per range: an int K as given (nearest candidate), True as the server's own (on_steps)
+        self._k = [None if isinstance(on, bool) else int(on) for _, _, on in self.ranges]
         self._dwell = _Dwell(dwell, self._on[0])
 
     def lookup(self, batch_size: int) -> bool:
@@ -118,11 +121,20 @@ class Table(Policy):
     def decide(self, batch_size: int) -> bool:
         return self._dwell.want(self.lookup(batch_size))
 
+    def decide_steps(self, batch_size: int) -> int:
+        if not self.decide(batch_size):
+            return 0
+        k = self._k[max(bisect.bisect_right(self._lows, batch_size) - 1, 0)]
+        return self.on_steps if k is None else self._nearest_positive(k)
+
     def reason(self, batch_size: int) -> str:
         return f"table: batch {batch_size} -> {'on' if self.lookup(batch_size) else 'off'}"
 
     def spec(self) -> str:
-        parts = [f"{lo}-{'' if hi is None else hi}={'on' if on else 'off'}" for lo, hi, on in self.ranges]
+        def value(on: bool | int) -> str:
+            return ("on" if on else "off") if isinstance(on, bool) else str(on)
+
+        parts = [f"{lo}-{'' if hi is None else hi}={value(on)}" for lo, hi, on in self.ranges]
         return "table:" + ",".join(parts) + f",dwell={self._dwell.dwell}"
 
     def state_key(self) -> tuple:

@@ -65,7 +65,7 @@ class _Tier:
 
 
 class SglangTiers(Policy):
-    """SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG reduced to on/off (steps > 0)."""
+    """SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG: its step count (decide_steps), or on/off (steps > 0)."""
 
     name = "sglang-default-tiers"
 
@@ -83,6 +83,11 @@ class SglangTiers(Policy):
 
     def decide(self, batch_size: int) -> bool:
         return self._tier(batch_size).steps > 0
+
+    def decide_steps(self, batch_size: int) -> int:
+        """The tier's step count (a server whose candidates lack it: the nearest one it has)."""
+        k = self._tier(batch_size).steps
+        return k if k == 0 or k in self.candidate_steps else self._nearest_positive(k)
 
     def observe(self, rec: StepRecord) -> None:
         acc = rec.accepted

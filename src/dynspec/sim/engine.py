@@ -21,6 +21,12 @@ profile.acceptance.accept_length as SGLang measures it (tokens per request per
 verify step, bonus included, averaged over steps: dynspec.sim.acceptance).  A speculative
 step then accepts K ~ truncated geometric (P(K >= k) = r^k, K <= num_steps) per
 request, never past the request's remaining output, and emits K + 1 tokens.
+
+Draft length: with `candidate_steps` (SGLang 0.5.23's candidate step counts) the policy answers
+a step count K per decode step (Policy.decide_steps; 0 is a plain step), the chain is cut at K
+drafts and the step costs what K draft steps and K + 1 verified tokens cost
+(dynspec.sim.draft_steps; the profile's num_steps N exactly as measured).  Without them, as
+before: on/off, every speculative step at N.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from dynspec.sim.acceptance import GOLDEN, beta_quantile_table, solve_mean_rate
+from dynspec.sim.draft_steps import spec_time_k
 from dynspec.policy import Policy, StepRecord
 
 if TYPE_CHECKING:
@@ -107,6 +114,11 @@ class EngineStats:
     requests_aborted: int = 0
     steps_extrapolated: int = 0
     busy_time: float = 0.0
+    draft_steps: int = 0  # draft steps summed over speculative steps (their mean: mean_draft_steps)
+
+    @property
+    def mean_draft_steps(self) -> float:
+        return self.draft_steps / self.steps_spec if self.steps_spec else math.nan
 
     @property
     def decode_steps(self) -> int:
@@ -144,7 +156,8 @@ class Engine:
     """Continuous batching over a profile; `policy=None` means a server without speculation."""
 
     def __init__(self, profile: Profile, policy: Policy | None = None, *, seed: int = 0,
-                 max_running_requests: int | None = None, record_itl: bool = False, catch_up: bool = True):
+                 max_running_requests: int | None = None, record_itl: bool = False, catch_up: bool = True,
+                 candidate_steps: Sequence[int] | None = None):
         if max_running_requests is not None and max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.profile = profile
@@ -178,6 +191,13 @@ class Engine:
         # and, after a KV-only catch-up, a resume on each switch to speculating (Profile.resume_time);
         # the plain server (policy None) does not.  catch_up=False: what if both were free.
         self._switchable = policy is not None and catch_up
+        # Several draft lengths: the policy picks K per step (decide_steps), K's cost and chain.
+        self._by_k = policy is not None and candidate_steps is not None
+        if self._by_k:
+            assert policy is not None and candidate_steps is not None
+            policy.set_candidate_steps(candidate_steps, self.num_steps)
+        self._spec_k: dict[tuple[int, int, int], float] = {}
+        self._position_rates = acc.position_rates
 
     # Requests -------------------------------------------------------------------------
     def draw_accept_rate(self) -> float:
@@ -248,6 +268,31 @@ class Engine:
             self._resume_t.append(self.profile.resume_time(n) if self._switchable else 0.0)
         return self._plain_t[bs], self._spec_t[bs], self._extrap[bs], self._resume_t[bs]
 
+    def _spec_time(self, bs: int, k: int) -> float:
+        """A speculative step of k draft steps at bs (k != num_steps), cached by (bs, k, context)."""
+        ctx = 0
+        if self._context_aware:
+            ctx = 16 * round(sum(r.input_len + r.generated for r in self.running) / (16 * bs))
+        key = (bs, k, ctx)
+        t = self._spec_k.get(key)
+        if t is None:
+            t = self._spec_k[key] = spec_time_k(self.profile, bs, k, ctx if self._context_aware else None)
+        return t
+
+    def _accept_positions(self, req: Request, k: int) -> int:
+        """Drafts accepted of a k-step chain under per-position rates: one draw, the chain walked
+        while it survives (P(>= i accepted) = prod of the first i rates, scaled by the request's)."""
+        u, p, rates = 1.0 - req._random(), 1.0, self._position_rates
+        assert rates is not None
+        scale, last, n = req.accept_rate / self.mean_rate if self.mean_rate > 0 else 1.0, len(rates) - 1, 0
+        while n < k:
+            q = rates[n if n < last else last] * scale
+            p *= q if q < 1.0 else 1.0
+            if u >= p:
+                break
+            n += 1
+        return n
+
     # Stepping ---------------------------------------------------------------------------
     def step(self) -> Step | None:
         """Run one step and advance the clock past it; None when there is nothing to run."""
@@ -306,7 +351,15 @@ class Engine:
         if policy is not None and policy.requests_up_to:  # it tracks small batches' requests
             rids = [r.rid for r in running] if bs <= policy.requests_up_to else None
             policy.set_batch(rids)
-        spec = policy.decide(bs) if policy is not None else False
+        if self._by_k:
+            assert policy is not None
+            k_steps = policy.decide_steps(bs)
+            spec = k_steps > 0
+            if spec and k_steps != self.num_steps:
+                t_spec = self._spec_time(bs, k_steps)
+        else:
+            spec = policy.decide(bs) if policy is not None else False
+            k_steps = self.num_steps if spec else 0
         st = self.stats
         if self.mode is not None and spec != self.mode:
             st.switches += 1
@@ -320,12 +373,15 @@ class Engine:
         still: list[Request] = []
         record, advance = self.record_itl, _advance
         if spec:
-            log, n_max = math.log, self.num_steps
+            log, n_max = math.log, k_steps
             accepted: list[int] = []
             emitted = 0
+            by_position = self._position_rates is not None
             for req in running:
                 inv = req._inv_log_rate
-                if inv == 0.0:
+                if by_position:
+                    k = self._accept_positions(req, n_max)
+                elif inv == 0.0:
                     k = 0
                 elif inv == -math.inf:
                     k = n_max
@@ -346,15 +402,16 @@ class Engine:
             st.spec_request_steps += bs
             st.spec_tokens += emitted
             st.tokens_out += emitted
+            st.draft_steps += k_steps
             if rids is None and policy is not None and policy.wants_requests(bs):
                 rids = [r.rid for r in running]
-            rec = StepRecord(bs, True, accepted, duration, rids)
+            rec = StepRecord(bs, True, accepted, duration, rids, True, k_steps if self._by_k else None)
         else:
             for req in running:
                 advance(req, 1, end, record, finished, still)
             st.steps_plain += 1
             st.tokens_out += bs
-            rec = StepRecord(bs, False, (), duration)
+            rec = StepRecord(bs, False, (), duration, None, True, 0 if self._by_k else None)
         if self.policy is not None:
             self.policy.observe(rec)
         self.running = still

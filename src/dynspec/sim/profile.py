@@ -41,6 +41,17 @@ class Acceptance(StrictModel):
     # Spread across requests: per-request draft acceptance rates ~ Beta with this
     # concentration around the mean rate (larger = requests more alike).
     concentration: float = Field(10.0, gt=0)
+    # Optional: the chain's acceptance by position, each the probability that draft i is accepted
+    # given drafts 1..i-1 were (the last repeats for longer chains); a request's own rate scales
+    # them (dynspec.sim.draft_steps).  Without it every position accepts at the request's rate.
+    position_rates: list[float] | None = Field(None, min_length=1)
+
+    @field_validator("position_rates")
+    @classmethod
+    def _rates(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not 0.0 < q <= 1.0 for q in v):
+            raise ValueError("position_rates must lie in (0, 1]")
+        return v
 
     @property
     def mean_accepted(self) -> float:

@@ -64,7 +64,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
                    seed: int = 0, engine_out: list | None = None, catch_up: bool = True, request_rate: float = math.inf,
                    burstiness: float = 1.0, lengths: list[tuple[int, int]] | None = None,
                    percentiles=DEFAULT_PERCENTILES, slo: dict | None = None,
-                   on_step=None, caps: list[int] | None = None) -> tuple[dict, list[RequestRecord]]:
+                   on_step=None, caps: list[int] | None = None,
+                   candidate_steps: list[int] | None = None) -> tuple[dict, list[RequestRecord]]:
     """Run one (arm, level); return the metric columns and per-request records.
 
     Closed loop (request_rate inf): at most `concurrency` requests in flight, the next sent when
@@ -76,6 +77,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     engine_out, when given, receives the engine (for its counters and extrapolation flags).
     catch_up=False: a switching arm's plain steps cost no more than the plain server's (a what-if).
     on_step(engine, step), when given, is called after every engine step (experiments/generated-machines/trace_level.py).
+    candidate_steps: the draft lengths the server can run (SGLang 0.5.23's candidate steps); the arm's
+    policy then picks one per step (Policy.decide_steps).  None: on/off at the profile's num_steps.
     """
     from dynspec.sim.arrivals import arrival_times
 
@@ -86,7 +89,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
     if caps is not None and (not closed or len(caps) != n or min(caps) < 1):
         raise ValueError("caps: one cap of at least 1 per request, closed loop only")
     sizes = lengths or [(input_len, output_len)] * n
-    engine = Engine(profile, build_policy(spec, load_profile=load_profile) if spec else None, seed=seed, record_itl=True, catch_up=catch_up)
+    engine = Engine(profile, build_policy(spec, load_profile=load_profile) if spec else None, seed=seed, record_itl=True, catch_up=catch_up,
+                    candidate_steps=candidate_steps)
     cap = concurrency if closed or concurrency >= 1 else n
     arrive = [0.0] * n if closed else arrival_times(n, request_rate, burstiness, seed)
     records: list[RequestRecord] = []

@@ -56,7 +56,7 @@ class Goodput(Decision):
             self._refresh(b)
 
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t, rids, _ = rec
+        bs, speculated, accepted, t, rids, _, _ = rec
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1

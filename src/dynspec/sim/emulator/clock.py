@@ -39,6 +39,9 @@ class EmulatorConfig(Model):
     model_name: str | None = None  # default: the profile's model
     context_length: int = Field(131072, ge=2)
     max_running_requests: int | None = Field(None, ge=1)
+    # The draft lengths the server runs (SGLang 0.5.23's candidate steps; the policy picks one per
+    # step); None: on/off at the profile's num_steps.
+    candidate_steps: list[int] | None = None
 
     @field_validator("arm")
     @classmethod
@@ -82,7 +85,8 @@ class Emulator:
         self.cfg = cfg
         self.policy_spec = arm_policy_spec(cfg.arm)
         policy = FailSafePolicy(build_policy(self.policy_spec, load_profile=load_profile), log) if self.policy_spec else None
-        self.engine = Engine(profile, policy, seed=cfg.seed, max_running_requests=cfg.max_running_requests)
+        self.engine = Engine(profile, policy, seed=cfg.seed, max_running_requests=cfg.max_running_requests,
+                             candidate_steps=cfg.candidate_steps)
         self.model_name = cfg.model_name or f"dynspec/{profile.name}"
         self.port = cfg.port  # the bound port once serving (the config may say 0)
         self.scale = cfg.time_scale

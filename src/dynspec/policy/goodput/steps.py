@@ -1,0 +1,269 @@
+"""Goodput with a draft length: speculate or not as Goodput decides, and when speculating run
+the candidate step count K with the most expected output per second.
+
+Per K: expected tokens per request 1 + E[accepted | K], E[accepted | K] = sum over positions
+i = 1..K of P(drafts 1..i accepted), the product of per-position acceptance estimates; cost
+t(K) per bucket of batch sizes.  K* = argmax (1 + E[accepted | K]) / t(K) over the positive
+candidates.
+
+- Acceptance by position, from accept lengths: a request accepting j of K drafts tells that
+  positions 1..j were accepted and, when j < K, that position j + 1 was rejected; positions
+  beyond K are not seen (censored).  Decayed counts per position, so a shift in the prompts'
+  acceptance is followed; a position never reached repeats the last one seen (the chain
+  model's geometric decay).
+- Cost by K: steady steps of each K timed as Goodput times its modes (the step before ran the
+  same K), per bucket; a K not yet measured is interpolated linearly in K between measured
+  ones, the plain step standing at K = 0 (draft steps and verified tokens both grow linearly
+  in K), extrapolated from the last two points above them.
+- Probes: now and then PROBE_STEPS steps of a neighbouring candidate K, so its cost and (from
+  above) deeper positions' acceptance are measured; the interval doubles while probes confirm
+  the choice, from PROBE_MIN up to PROBE_MAX spec steps of the bucket.
+- The on/off decision stays Goodput's (lead, prefills, probes, hysteresis): it is shown the
+  chosen K's steps as before, a probe's steps without its time and with accepted drafts cut to
+  the chosen K (exact for a probe above it; none for one below), and when K* changes its
+  estimates for the bucket are rescaled to the new K.
+
+Step times are local, not agreed across tensor-parallel ranks: with a sync hook (TP) the K
+choice is off and every speculative step runs the server's own count (on_steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dynspec.policy.base import Policy, StepRecord
+from dynspec.policy.buckets import _BUCKETS, _LAST_BUCKET, _N_BUCKETS, BUCKET_EDGES
+from dynspec.policy.goodput.policy import Goodput
+from dynspec.policy.sync import SyncSchedule
+
+PROBE_STEPS = 3  # a probe's steps: the first after a change of K is not a steady one
+PROBE_MIN, PROBE_MAX = 48, 768  # spec steps in a bucket between probes of another K
+MARGIN = 0.01  # a new K must promise this much more output per second
+MEMORY = 600  # request-steps the position counts remember (decayed by 1 - 1/MEMORY per sample)
+SAMPLES = 16  # requests of a step read into the position counts (a strided sample)
+UPDATE_EVERY = 4  # spec steps between updates of the position counts (a quarter of steps pays for one)
+_DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
+CHOOSE_EVERY = 8  # spec steps of a bucket between re-choosing its K
+PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
+ALPHA = 0.1  # EMA weight of a steady step's time
+
+
+class GoodputK(Policy):
+    """Goodput's on/off decision, with the step count K of highest expected output per second."""
+
+    name = "goodput-k"
+
+    def __init__(self, inner: Goodput, spec_text: str = "goodput-k"):
+        self.inner = inner
+        self._spec_text = spec_text
+        self.requests_up_to = inner.requests_up_to
+        self._local = inner.sync is None  # K from local times only without tensor parallelism
+        n = len(BUCKET_EDGES)
+        self.t_k: list[list[float | None]] = [[None] for _ in range(n)]  # [bucket][K] steady EMA
+        self.k_cur = [0] * n
+        self.tried: list[float] = []  # decayed counts by position (0: the first draft)
+        self.kept: list[float] = []
+        self._spec_n = [0] * n  # speculative decisions per bucket
+        self._next_probe = [PROBE_MIN] * n
+        self._probe_iv = [PROBE_MIN] * n
+        self._probe_left, self._probe_b, self._probe_k, self._probe_up = 0, -1, 0, [True] * n
+        self._prev_k = -1  # the K of the previous step (steady timing)
+        self._updates = 0
+        self._by_k = False  # candidates set and K chosen locally
+        # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
+        self.set_batch = inner.set_batch  # type: ignore[method-assign]
+        self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
+        self.note_prefill = inner.note_prefill  # type: ignore[method-assign]
+
+    # Candidates ---------------------------------------------------------------------------
+    def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
+        super().set_candidate_steps(steps, on_steps)
+        self._pos = [k for k in self.candidate_steps if k > 0]
+        kmax = self._pos[-1]
+        self.tried, self.kept = [0.0] * kmax, [0.0] * kmax
+        self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
+        self.k_cur = [self.on_steps] * len(BUCKET_EDGES)
+        self._by_k = self._local
+
+    # Deciding -----------------------------------------------------------------------------
+    def decide(self, batch_size: int) -> bool:
+        return self.inner.decide(batch_size)
+
+    def decide_steps(self, batch_size: int) -> int:
+        if not self.inner.decide(batch_size):
+            return 0
+        if not self._by_k:  # no candidates, or tensor parallel: the server's own count
+            return self.on_steps
+        b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
+        if self._probe_left:
+            if self._probe_b == b:
+                self._probe_left -= 1
+                return self._probe_k
+            self._probe_left = 0
+        n = self._spec_n[b] = self._spec_n[b] + 1
+        if n >= self._next_probe[b]:
+            k = self._neighbour(b)
+            if k is not None:
+                self._probe_left, self._probe_b, self._probe_k = PROBE_STEPS - 1, b, k
+                self._next_probe[b] = n + self._probe_iv[b]
+                return k
+            self._next_probe[b] = n + self._probe_iv[b]
+        return self.k_cur[b]
+
+    def _neighbour(self, b: int) -> int | None:
+        """The candidate next to the bucket's K to probe: an unmeasured one first, else up and
+        down in turn."""
+        pos, cur = self._pos, self.k_cur[b]
+        i = pos.index(cur)
+        near = [pos[j] for j in (i + 1, i - 1) if 0 <= j < len(pos)]
+        if not near:
+            return None
+        tk = self.t_k[b]
+        fresh = [k for k in near if tk[k] is None]
+        if fresh:
+            return fresh[0]
+        up = self._probe_up[b] = not self._probe_up[b]
+        return near[0] if up or len(near) == 1 else near[-1]
+
+    # Estimates ------------------------------------------------------------------------------
+    def survival(self) -> list[float]:
+        """P(drafts 1..i accepted), i = 1..max candidate, from the position estimates."""
+        out, p, q = [], 1.0, PRIOR_Q
+        for t, k in zip(self.tried, self.kept):
+            if t > 0.05:  # seen: its own rate, shrunk to the position before; else that one's
+                q = (k + PRIOR_N * q) / (t + PRIOR_N)
+            p *= q
+            out.append(p)
+        return out
+
+    def cost(self, b: int, k: int) -> float | None:
+        """t(K) in bucket b: measured, or linear in K between measured points (plain at K = 0)."""
+        tk = self.t_k[b]
+        if tk[k] is not None:
+            return tk[k]
+        pts = [(j, t) for j, t in enumerate(tk) if t is not None]
+        if not any(j == 0 for j, _ in pts):
+            t0 = self.inner.t_est[0][b]
+            if t0 is not None:
+                pts.insert(0, (0, t0))
+        if len(pts) < 2:
+            return None
+        lo = [p for p in pts if p[0] < k]
+        hi = [p for p in pts if p[0] > k]
+        (x0, y0), (x1, y1) = (lo[-1], hi[0]) if lo and hi else (pts[-2], pts[-1]) if lo else (pts[0], pts[1])
+        return max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), 1e-9)
+
+    def rates(self, b: int) -> dict[int, float | None]:
+        """Expected output tokens per request per second for each positive candidate K."""
+        surv = self.survival()
+        out: dict[int, float | None] = {}
+        for k in self._pos:
+            t = self.cost(b, k)
+            out[k] = None if t is None else (1.0 + sum(surv[:k])) / t
+        return out
+
+    def _choose(self, b: int, after_probe: bool = False) -> None:
+        rates = self.rates(b)
+        cur = self.k_cur[b]
+        rc = rates.get(cur)
+        known = {k: r for k, r in rates.items() if r is not None}
+        if rc is None or not known:
+            return
+        best = max(known, key=known.__getitem__)
+        if best != cur and known[best] > rc * (1.0 + MARGIN):
+            self._switch(b, cur, best)
+            self._probe_iv[b] = PROBE_MIN
+        elif after_probe:
+            self._probe_iv[b] = min(2 * self._probe_iv[b], PROBE_MAX)
+
+    def _switch(self, b: int, old: int, new: int) -> None:
+        """K* moved: Goodput's estimates for the bucket become the new K's."""
+        self.k_cur[b] = new
+        g, surv = self.inner, self.survival()
+        e_old, e_new = sum(surv[:old]), sum(surv[:new])
+        a = g.acc_est[b]
+        if a is not None and e_old > 0.0:
+            g.acc_est[b] = a * e_new / e_old
+        t = self.cost(b, new)
+        if t is not None and g.t_est[1][b] is not None:
+            g.t_est[1][b] = t
+        g._refresh(b)
+
+    # Observing ------------------------------------------------------------------------------
+    def observe(self, rec: StepRecord) -> None:
+        bs, speculated, accepted, t, _, clean, k = rec
+        if k is None:
+            k = self.on_steps if speculated else 0
+        if not self._by_k:
+            self.inner.observe(rec)
+            return
+        b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET
+        first = False
+        if t is not None and clean and k == self._prev_k:
+            tk = self.t_k[b]
+            old = tk[k]
+            tk[k] = t if old is None else old + ALPHA * (t - old)
+            first = old is None
+        self._prev_k = k
+        cur = self.k_cur[b]
+        if not (speculated and accepted):
+            self.inner.observe(rec)
+            if first:  # a bucket's first steady plain step: the line's K = 0 point
+                self._choose(b)
+            return
+        u = self._updates = self._updates + 1
+        if u % UPDATE_EVERY == 0:
+            self._count(accepted, k)
+        # Goodput first, so that a change of K below rescales estimates that include this step.
+        if k != cur:  # a probe: Goodput sees the chosen K's acceptance where it is exact
+            self.inner.observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
+                                            step_time_s=None))
+            if not self._probe_left:  # its last step: weigh the K's again
+                self._choose(b, after_probe=True)
+            return
+        self.inner.observe(rec)
+        if first or self._spec_n[b] % CHOOSE_EVERY == 0:
+            self._choose(b)
+
+    def _count(self, accepted: Sequence[int], k: int) -> None:
+        """Fold a step's accept lengths (a strided sample) into the position counts."""
+        n = len(accepted)
+        sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
+        hist = [0] * (k + 1)
+        for a in sample:
+            hist[a if a < k else k] += 1
+        tried, kept, reach = self.tried, self.kept, len(sample)
+        d = _DECAY[reach]
+        for i in range(k if k <= len(tried) else len(tried)):
+            nxt = reach - hist[i]  # samples that went past position i+1
+            tried[i] = tried[i] * d + reach
+            kept[i] = kept[i] * d + nxt
+            reach = nxt
+
+    # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
+    def reason(self, batch_size: int) -> str:
+        b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
+        return f"{self.inner.reason(batch_size)}; K={self.k_cur[b] if self.candidate_steps else self.on_steps}"
+
+    def spec(self) -> str:
+        return self._spec_text
+
+    def sync_schedule(self) -> SyncSchedule:
+        return self.inner.sync_schedule()
+
+    def sync_values(self) -> list[float]:
+        return self.inner.sync_values()
+
+    def sync_apply(self, agreed: list[float]) -> None:
+        self.inner.sync_apply(agreed)
+
+    def defer_sync(self) -> None:
+        self.inner.defer_sync()
+
+    def state_key(self) -> tuple:
+        return (self.inner.state_key(), tuple(self.k_cur), self._probe_left, self._probe_k)
+
+    def estimates(self, b: int) -> dict[str, Any]:
+        """What the K choice in bucket b rests on (for reading, not the hot path)."""
+        return {"k": self.k_cur[b], "survival": self.survival(), "cost": {k: self.cost(b, k) for k in self._pos},
+                "rates": self.rates(b)}

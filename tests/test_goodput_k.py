@@ -1,0 +1,147 @@
+"""goodput-k: the draft length K with the most expected output per second, from per-position
+acceptance read off accept lengths and per-K step costs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dynspec.policy import StepRecord, build_policy
+from dynspec.policy.goodput.steps import GoodputK
+from dynspec.sim.engine import Engine
+from dynspec.sim.run import simulate_level
+from tests.test_engine import make_profile
+
+CANDS = [0, 1, 3, 5, 7]
+
+
+def policy() -> GoodputK:
+    p = build_policy("goodput-k")
+    assert isinstance(p, GoodputK)
+    p.set_candidate_steps(CANDS, 3)
+    return p
+
+
+def chain(rng: random.Random, qs: list[float], k: int) -> int:
+    j = 0
+    while j < k and rng.random() < qs[min(j, len(qs) - 1)]:
+        j += 1
+    return j
+
+
+def test_position_estimates_come_from_accept_lengths_censored_at_k():
+    p, rng = policy(), random.Random(0)
+    qs = [0.9, 0.5, 0.3]
+    for _ in range(400):
+        acc = [chain(rng, qs, 5) for _ in range(16)]
+        p.observe(StepRecord(16, True, acc, None, None, True, 5))
+    s = p.survival()
+    # P(>= 1) = .9, P(>= 2) = .45, P(>= 3) = .135: a mean-based estimate (one rate) gets these wrong
+    assert s[0] == pytest.approx(0.9, abs=0.03)
+    assert s[1] == pytest.approx(0.45, abs=0.03)
+    assert s[2] == pytest.approx(0.135, abs=0.03)
+    # Chains of one draft say nothing of position 2: it repeats position 1 (not "always rejected")
+    q = policy()
+    for _ in range(200):
+        q.observe(StepRecord(16, True, [chain(rng, [0.8], 1) for _ in range(16)], None, None, True, 1))
+    s = q.survival()
+    assert s[0] == pytest.approx(0.8, abs=0.04) and s[1] == pytest.approx(s[0] ** 2, rel=0.02)
+
+
+def test_cost_of_an_unmeasured_k_is_linear_between_measured_ones_plain_at_zero():
+    p = policy()
+    b = 10  # a bucket index
+    p.t_k[b][0], p.t_k[b][3] = 0.010, 0.016
+    assert p.cost(b, 1) == pytest.approx(0.012)
+    assert p.cost(b, 5) == pytest.approx(0.020)  # beyond: the last segment extended
+    p.t_k[b][5] = 0.030  # measured: between 3 and 5 now as measured
+    assert p.cost(b, 4) == pytest.approx(0.023)
+    assert p.cost(b, 7) == pytest.approx(0.044)
+
+
+def test_steady_steps_of_each_k_are_timed_and_the_first_after_a_change_is_not():
+    p = policy()
+    p.observe(StepRecord(1, True, [1], 0.050, None, True, 3))  # after nothing: not steady
+    assert p.t_k[0][3] is None
+    p.observe(StepRecord(1, True, [1], 0.020, None, True, 3))
+    p.observe(StepRecord(1, True, [0], 0.030, None, True, 1))  # K changed: not steady
+    assert p.t_k[0][3] == 0.020 and p.t_k[0][1] is None
+
+
+def k_profile():
+    # N = 3.  Batch 1: a draft step costs 0.67 ms beside a 10 ms plain step; batch 128: 10 ms beside
+    # 30.  The first draft is right 90% of the time, deeper ones 30%: K = 3 pays alone (expected
+    # 2.25 tokens for 12 ms against 1.9 for 10.67), K = 1 at 128 (1.9 for 40 ms against 2.25 for 60).
+    return make_profile(acceptance={"accept_length": 2.25, "concentration": 60, "position_rates": [0.9, 0.3]},
+                        steps={"batch_size": [1, 8, 128], "plain_ms": [10.0, 11.0, 30.0],
+                               "spec_ms": [12.0, 14.0, 60.0]})
+
+
+def test_it_picks_a_long_chain_alone_and_k1_at_a_large_batch():
+    prof = k_profile()
+    got = {}
+    for c in (1, 128):
+        rows = {}
+        for arm in ("policy:goodput-k", "policy:table:1-=1", "policy:table:1-=3", "policy:table:1-=5"):
+            engines: list[Engine] = []
+            m, _ = simulate_level(prof, arm, c, input_len=64, output_len=300, num_prompts=max(5 * c, 40),
+                                  candidate_steps=CANDS, engine_out=engines)
+            rows[arm] = (m["output_throughput"], engines[0])
+        got[c] = rows
+        best = max(v for a, (v, _) in rows.items() if a.startswith("policy:table"))
+        assert rows["policy:goodput-k"][0] >= 0.97 * best, (c, {a: v for a, (v, _) in rows.items()})
+    alone = got[1]["policy:goodput-k"][1]
+    big = got[128]["policy:goodput-k"][1]
+    assert alone.stats.mean_draft_steps > 2.5  # 3 drafts alone
+    assert big.stats.mean_draft_steps < 1.5  # one draft at 128
+    # and at 128, K = 1 beats K = 3 there (the profile does what the test says)
+    assert got[128]["policy:table:1-=1"][0] > 1.05 * got[128]["policy:table:1-=3"][0]
+
+
+def test_a_probe_shows_goodput_the_chosen_ks_acceptance():
+    p = policy()
+    seen = []
+    p.inner.observe = seen.append  # type: ignore[method-assign]
+    b = 0
+    p.k_cur[b] = 3
+    p._probe_left = 0
+    p.observe(StepRecord(1, True, [5], 0.02, None, True, 7))  # probe above: cut to 3
+    p.observe(StepRecord(1, True, [1], 0.02, None, True, 1))  # probe below: nothing to tell
+    p.observe(StepRecord(1, True, [2], 0.02, None, True, 3))  # the chosen K: as it is
+    assert list(seen[0].accepted) == [3] and seen[0].step_time_s is None
+    assert list(seen[1].accepted) == [] and list(seen[2].accepted) == [2] and seen[2].step_time_s == 0.02
+
+
+def test_without_candidates_or_under_tp_it_is_goodput_on_off():
+    # A one-count server (0.5.9's path, no candidate steps): step for step what goodput does.
+    prof = k_profile()
+    got = []
+    for arm in ("policy:goodput", "policy:goodput-k"):
+        engines: list[Engine] = []
+        m, _ = simulate_level(prof, arm, 16, input_len=64, output_len=200, num_prompts=80, engine_out=engines)
+        st = engines[0].stats
+        got.append((m["output_throughput"], st.steps_spec, st.steps_plain, st.switches))
+    assert got[0] == got[1]
+    q = build_policy("goodput-k", sync=lambda v: v)
+    q.set_candidate_steps(CANDS, 5)
+    ks = {q.decide_steps(4) for _ in range(200)}
+    assert ks <= {0, 5}
+
+
+def test_family_k_runs_every_arm_and_the_oracle_is_the_best_static_k():
+    import pandas as pd
+
+    from dynspec.analysis.family import member
+    from dynspec.analysis.family_k import run_member_k, summarize_k
+
+    rows = run_member_k(member(0, 12), (0, 1, 3, 5, 7), levels=(1, 64))
+    df = pd.DataFrame(rows)
+    assert {"goodput-k", "goodput", "sglang-tiers", "k-table", "oracle", "static-0", "static-7"} <= set(df.arm)
+    t = df.pivot_table(index="concurrency", columns="arm", values="steady_throughput")
+    statics = t[[f"static-{k}" for k in (0, 1, 3, 5, 7)]]
+    assert (t["oracle"] == statics.max(axis=1)).all()
+    lines, fig = summarize_k(df)
+    worst, median = fig["goodput-k/oracle"]
+    assert 0 < worst <= median  # goodput-k against the best static K, per level
+    assert any("sglang-tiers" in line for line in lines)
