@@ -145,6 +145,22 @@ def test_a_swapped_goodput_gets_the_servers_profile(tmp_path):
                                                             "DYNSPEC_PROFILE": "h200-llama8b"}).stats()["estimates"]
 
 
+def test_a_spec_renamed_into_place_is_seen_even_with_the_old_mtime_and_size(tmp_path):
+    """An atomic replace inside the file system's timestamp granularity keeps mtime and size."""
+    f = tmp_path / "policy"
+    _write(f, "never")
+    ctl, clock = _controller(f)
+    assert ctl.decide(4) is False
+    old = os.stat(f)
+    tmp = tmp_path / "policy.tmp"
+    _write(tmp, "cycle")  # as long as "never"
+    os.utime(tmp, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(tmp, f)
+    clock.t += POLL_INTERVAL_S
+    ctl.decide(4)
+    assert ctl.stats()["policy"] == "cycle" and ctl.stats()["policy_swaps"] == 1
+
+
 @pytest.mark.parametrize("text", ["always\nnever\n", "\xff\xfe"])
 def test_a_file_that_is_not_one_spec_line_is_one_log_line(tmp_path, caplog, text):
     f = tmp_path / "policy"

@@ -39,11 +39,11 @@ class PolicyControl:
         self.path = path
         self.interval_s = interval_s
         self.log = logger
-        self._sig: tuple[int, int] | None = None  # (mtime_ns, size) at the last look
+        self._sig: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) at the last look
         self._error: str | None = None  # the last stat error logged, so it is logged once
 
     def read(self) -> str | None:
-        """The file's spec (stripped) if its mtime or size changed since the last call; None
+        """The file's spec (stripped) if its inode, mtime or size changed since the last call; None
         when unchanged, missing, empty, unreadable or not one line."""
         try:
             st = os.stat(self.path)
@@ -57,7 +57,9 @@ class PolicyControl:
                                  self.path, exc)
             return None
         self._error = None
-        sig = (st.st_mtime_ns, st.st_size)
+        # The inode too: a spec of the same length renamed into place within the file system's
+        # timestamp granularity (a few ms on ext4) has the old mtime and size.
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
         if sig == self._sig:
             return None
         self._sig = sig
