@@ -46,6 +46,9 @@ Environment:
                      0 run plain steps eagerly (read by the patch, see docs).
     DYNSPEC_STEP_TRACE  optional file: one line per result the scheduler processed
                      (StepTrace), to see where a server's wall time goes.
+    DYNSPEC_POLICY_CONTROL  optional file holding a policy spec; writing another spec into
+                     it swaps the running server's policy between steps (checked at most
+                     every 0.25 s; dynspec.sglang.policy_control).  One TP rank only.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from typing import Callable, Mapping, Sequence
 
 from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepCost, StepRecord, SyncHook, build_policy
 from dynspec.sglang.metrics import PromExporter
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl
 from dynspec.sglang.step_trace import ENV_STEP_TRACE, StepTrace
 from dynspec.sglang.tp_agreement import MinSyncHook, TPAgreement, agree_start, warn_rank0
 
@@ -179,11 +183,19 @@ class Controller(TPAgreement):
         self._lock = threading.Lock()  # stats() may be read from another thread
         self._prom: PromExporter | None = None
         self.trace: StepTrace | None = None  # DYNSPEC_STEP_TRACE (load_controller)
+        # DYNSPEC_POLICY_CONTROL (enable_control): None keeps decide() to one attribute test.
+        self._control: PolicyControl | None = None
+        self._make_policy: Callable[[str], Policy] | None = None
+        self._poll_clock: Callable[[], float] = time.monotonic
+        self._next_poll = 0.0
+        self.policy_swaps = 0
 
     # --- before a step ------------------------------------------------------------
     def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
         """True: speculate this step.  Call exactly once per non-idle decode step.  reqs: the
         step's requests (objects with a .rid, as SGLang's Req), for a policy that tracks them."""
+        if self._control is not None and self._poll_clock() >= self._next_poll:
+            self._poll_control()
         pol = self.policy
         if reqs is not None and pol.requests_up_to and not self.fallback:
             ids = _request_ids(reqs, pol.requests_up_to)
@@ -226,6 +238,45 @@ class Controller(TPAgreement):
                 "dynspec: switch %s -> %s at step %d, batch size %d: %s",
                 old, mode, self.step, batch_size, reason,
             )
+
+    # --- the policy control file ----------------------------------------------------
+    def enable_control(self, control: PolicyControl, make_policy: Callable[[str], Policy] | None = None,
+                       poll_clock: Callable[[], float] = time.monotonic) -> bool:
+        """Watch `control` for a new policy spec (one rank only: ranks would read the file at
+        different steps and decide apart).  `make_policy` builds a policy from a spec as the
+        server's own was built (profile, window); default: as load_controller with no profile."""
+        if self.tp_size > 1:
+            warn_rank0(self.log, self.tp_rank, "dynspec: %s=%s refused with %d TP ranks (they could read it "
+                       "at different steps); policy %s stays for the run", ENV_POLICY_CONTROL, control.path,
+                       self.tp_size, self.spec)
+            return False
+        self._make_policy = make_policy or _policy_maker(None, None, 3)
+        self._poll_clock = poll_clock
+        self._next_poll = poll_clock()  # the first decision looks at the file
+        self._control = control
+        return True
+
+    def _poll_control(self) -> None:
+        """A poll is due: swap in the file's policy if it changed, is valid and differs."""
+        control = self._control
+        assert control is not None and self._make_policy is not None
+        self._next_poll = self._poll_clock() + control.interval_s
+        spec = control.read()
+        if spec is None or spec == self.spec:
+            return
+        try:
+            policy = self._make_policy(spec)
+        except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
+            self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
+                             "policy %s stays", control.path, spec, exc, self.spec)
+            return
+        old = self.spec
+        self.policy = FailSafePolicy(policy, self.log)
+        self.spec = spec
+        self.policy_swaps += 1
+        self._use_sync(self.sync)  # the new policy's TP plumbing (a no-op on one rank)
+        self.log.info("dynspec: policy %s -> %s at step %d (from %s); mode stays %s until it decides",
+                      old, spec, self.step, control.path, self.mode)
 
     # --- after a step -------------------------------------------------------------
     def note_resume(self) -> None:
@@ -311,7 +362,9 @@ class Controller(TPAgreement):
         with self._lock:
             last = dict(self.last_switch) if self.last_switch else None
         return {
-            "policy": self.spec,
+            "policy": self.spec,  # the policy in force (after any control-file swap)
+            "policy_swaps": self.policy_swaps,
+            "policy_control": self._control.path if self._control is not None else None,
             "profile": self.profile_name,
             "mode": self.mode,
             "steps": self.step,
@@ -391,6 +444,9 @@ def load_controller(
     ctl = _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_steps, logger)
     if tp_size > 1 and min_sync is not None:
         ctl = agree_start(ctl, min_sync, tp_rank, logger)
+    control = (env.get(ENV_POLICY_CONTROL) or "").strip()
+    if ctl is not None and control:
+        ctl.enable_control(PolicyControl(control, logger), ctl._make_policy)
     trace = (env.get(ENV_STEP_TRACE) or "").strip()
     if ctl is not None and trace:
         try:
@@ -430,11 +486,11 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
                 warn_rank0(logger, tp_rank, "dynspec: cannot build the TP sync hook (%s); step times unused, "
                       "the policy decides from batch size, acceptance and profile", exc)
                 hook = None
-        # The overlap scheduler launches a step before it reads the last one's result.
-        policy = build_policy(spec, profile=profile, sync=hook if tp_size > 1 else None,
-                              initial_steps=initial_steps, window=OVERLAP_WINDOW, load_profile=_load_profile)
-        return Controller(policy, spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
-                          logger=logger, profile_name=profile_name)
+        make = _policy_maker(profile, hook if tp_size > 1 else None, initial_steps)
+        ctl = Controller(make(spec), spec=spec, tp_rank=tp_rank, tp_size=tp_size, sync=hook, min_sync=min_sync,
+                         logger=logger, profile_name=profile_name)
+        ctl._make_policy = make  # what a control-file swap builds with (enable_control)
+        return ctl
     except PolicySpecError as exc:
         warn_rank0(logger, tp_rank, "dynspec: DYNSPEC_POLICY=%r is invalid (%s); dynspec is OFF and the server "
               "speculates on every step as configured", spec, exc)
@@ -442,6 +498,15 @@ def _build(spec, env, tp_rank, tp_size, sync, sync_factory, min_sync, initial_st
         warn_rank0(logger, tp_rank, "dynspec: cannot start policy %r (%s: %s); dynspec is OFF and the server "
               "speculates on every step as configured", spec, type(exc).__name__, exc)
     return None
+
+
+def _policy_maker(profile: StepCost | None, sync: SyncHook | None, initial_steps: int) -> Callable[[str], Policy]:
+    """Build policies from specs as the server's first one was: same profile and sync hook."""
+    def make(spec: str) -> Policy:
+        # The overlap scheduler launches a step before it reads the last one's result.
+        return build_policy(spec, profile=profile, sync=sync, initial_steps=initial_steps,
+                            window=OVERLAP_WINDOW, load_profile=_load_profile)
+    return make
 
 
 def _estimates(policy, method: str = "estimates") -> dict | None:
