@@ -244,7 +244,8 @@ def test_the_sglang_runtime_path_imports_only_the_standard_library_and_policy():
     """A patched SGLang imports dynspec.sglang.hook (and the modules it imports) and
     dynspec.sglang.adaptive: when imported they load the standard library and dynspec.policy only,
     so neither numpy nor pandas nor pyarrow unless a profile is used."""
-    helpers = ["dynspec.sglang.tp_agreement", "dynspec.sglang.step_trace", "dynspec.sglang.metrics"]
+    helpers = ["dynspec.sglang.tp_agreement", "dynspec.sglang.step_trace", "dynspec.sglang.metrics",
+               "dynspec.sglang.policy_control"]
     runtime = ["dynspec.sglang", "dynspec.sglang.hook", "dynspec.sglang.adaptive", *helpers]
     allowed = ("dynspec.policy", "dynspec.sglang.hook", "dynspec.sglang.adaptive", "dynspec.sglang", *helpers)
     for m in runtime:
