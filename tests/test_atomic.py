@@ -40,7 +40,7 @@ def test_a_planted_temp_name_or_link_is_never_written_through(tmp_path):
     write_text(run / "config.yaml", "a: 1\n")
     write_json(run / "run.json", {"a": 1})
     assert outside.read_text() == "keep\n" and (run / "config.yaml").read_text() == "a: 1\n"
-    # results tables too (results.write_table used PATH.tmp, unsynced, until the twentieth session)
+    # results tables too (results.write_table once used PATH.tmp, unsynced)
     from dynspec.results import make_row, read_table, write_table
 
     (run / "results.csv.tmp").symlink_to(outside)

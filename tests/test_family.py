@@ -98,10 +98,10 @@ def test_dynamic_arm_on_a_small_family(range_ratio, worst):
     """Ten members at levels 1, 4, 16, 64 and each one's crossover, at fixed output lengths and at
     lengths drawn in [0.5, 1] x:
     the dynamic arm must stay near the switching server's best mode at every level (simulated on
-    2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied; since the tenth
-    session's changes 0.940 / 0.994 and 0.984 / 0.999; with the eleventh's, each request's own
-    acceptance and the lead in proportion to the batch, 0.947 / 0.994 and 0.983 / 1.000; with the
-    fourteenth's lead that follows how finishes come, 0.944 / 0.994 and 0.989 / 1.000).  A broken policy, e.g.
+    2026-12-01: worst / median 0.940 / 0.994 fixed, 0.954 / 0.999 varied; then 0.940 / 0.994 and
+    0.984 / 0.999; with each request's own acceptance and the lead in proportion to the batch,
+    0.947 / 0.994 and 0.983 / 1.000; with the lead that follows how finishes come, 0.944 / 0.994
+    and 0.989 / 1.000).  A broken policy, e.g.
     one that always or never speculates, falls far below on some member: see the control."""
     levels = (1, 4, 16, 64)
     ratios, always = [], []

@@ -130,9 +130,9 @@ def test_the_lead_follows_how_far_finishes_come_together():
 @pytest.mark.parametrize("index, c", [(171, 24), (152, 31)])
 def test_where_finishes_come_apart_a_smaller_lead_lets_a_winning_draft_run(index, c):
     # Output lengths in [0.5, 1] x: finishes come at random.  EAGLE-3 wins by 6-12% here, and
-    # goodput asking its full 5% lead of every step gave up 3.5-4.5% of it (simulated; the
-    # seventeenth session's behaviour is the spec lead_apart=0.05,merge=0: since the twentieth,
-    # the prefills a spec step merges (_merge) recover part of that too).
+    # goodput asking its full 5% lead of every step gave up 3.5-4.5% of it (simulated; that
+    # behaviour is the spec lead_apart=0.05,merge=0; the prefills a spec step merges (_merge)
+    # recover part of it too).
     m = member(0, index)
     never, _ = _level(m, c, "policy:never", 0.5)
     eagle3, _ = _level(m, c, "eagle3", 0.5)

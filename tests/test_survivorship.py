@@ -125,7 +125,7 @@ def test_a_first_wave_is_not_taken_for_what_speculation_settles_at(monkeypatch, 
     # acceptance (members 0:135 and 0:72: 2.06 and 3.05 tokens a step against the 1.87 and 2.87
     # EAGLE-3 settles at, over their Beta spreads), and taken as it is that breaks the lockstep
     # (simulated, 2026-12-01: 0.896 and 0.901 of the switching server's best; settled 0.933 and 0.959).
-    # Both arms without the merge credit (_merge, twentieth session), which came after: at this near
+    # Both arms without the merge credit (_merge), which came after: at this near
     # tie it moves simulator seed 0's path at 0:135 (0.932 -> 0.916; seeds 1-4 the same to 3 digits).
     m = member(0, index)
     arm = "policy:goodput:merge=0"

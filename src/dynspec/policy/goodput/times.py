@@ -49,7 +49,7 @@ class StepTimes(PrefillAccount):
         return (min(tp, ts) if tp is not None and ts is not None else tp), ts
 
     def _fill(self, b: int) -> None:
-        """A mode's time in bucket b that no step measured, or only a neighbour lent, from the
+        """A mode's time in bucket b that no step measured, or only borrowed from a neighbour, from the
         nearest buckets on either side that measured it: a step's time grows with the batch, so
         it lies between theirs (linear in the batch).  A bucket the batch only passes through
         (one request gone, the next one's prefill about to refill it) has no clean step of its
