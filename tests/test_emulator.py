@@ -84,7 +84,7 @@ def test_info_endpoints_answer_what_clients_read():
             assert "avg_spec_accept_length" not in si["internal_states"][0]
             assert si["speculative_algorithm"] == "EAGLE3" and si["speculative_num_steps"] == 3
             assert si["internal_states"][0]["dynspec"] == {"policy": "always", "steps_spec": 0, "steps_plain": 0, "switches": 0,
-                                     "mode": "plain"}
+                                     "mode": "plain", "policy_swaps": 0}
             async with s.post(url + "/generate", json={"input_ids": [1] * 10, "stream": False,
                                                        "sampling_params": {"max_new_tokens": 40}}) as r:
                 assert r.status == 200

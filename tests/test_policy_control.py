@@ -173,3 +173,29 @@ def test_a_file_that_is_not_one_spec_line_is_one_log_line(tmp_path, caplog, text
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unreadable" in warnings[0].getMessage()
     assert ctl.stats()["policy_swaps"] == 0
+
+
+def test_a_spec_swapped_back_in_resumes_what_its_policy_had_learned(tmp_path):
+    """A sweep comparing policies on one server swaps goodput out and back between levels: goodput
+    must come back with its estimates, as on a server of its own, not start over."""
+    f = tmp_path / "policy"
+    _write(f, "goodput\n")
+    ctl, clock = _controller(f, spec="goodput")
+    goodput = ctl.policy
+    for spec in ("never", "threshold:8", "goodput"):
+        _write(f, spec + "\n")
+        clock.t += POLL_INTERVAL_S
+        ctl.decide(4)
+        assert ctl.spec == spec
+    assert ctl.policy is goodput and ctl.stats()["policy_swaps"] == 3
+    _write(f, "never\n")  # and the never built before, not a new one
+    clock.t += POLL_INTERVAL_S
+    ctl.decide(4)
+    never = ctl.policy
+    _write(f, "goodput\n")
+    clock.t += POLL_INTERVAL_S
+    ctl.decide(4)
+    _write(f, "never\n")
+    clock.t += POLL_INTERVAL_S
+    ctl.decide(4)
+    assert ctl.policy is never

@@ -38,6 +38,7 @@ def test_writing_always_into_the_control_file_switches_a_running_never_server(tm
         assert (st["policy"], st["policy_swaps"], st["steps_spec"]) == ("never", 0, 0)
         assert st["policy_control"] == str(control) and st["steps_plain"] > 0
 
+        assert server.flush_cache() == ""  # a sweep empties the prefix cache between arms on one server
         write_text(control, "always\n")
         time.sleep(2 * POLL_INTERVAL_S)  # the next decode step after this polls
         after = None
@@ -50,5 +51,14 @@ def test_writing_always_into_the_control_file_switches_a_running_never_server(tm
         assert (st["policy"], st["policy_swaps"], st["mode"]) == ("always", 1, "spec")
         assert st["steps_spec"] > 0 and st["drafts_accepted"] > 0
         assert after is not None and [r["ids"] for r in after] == [r["ids"] for r in before]
+        # back to never after a flush in the speculative stretch: the draft's state and the pending
+        # KV-only rows are dropped with the pool, and greedy output still holds
+        assert server.flush_cache() == ""
+        write_text(control, "never\n")
+        time.sleep(2 * POLL_INTERVAL_S)
+        again = greedy(server, prompts, lengths, 2)
+        st = dynspec_state(server_info(server))
+        assert st is not None and (st["policy"], st["policy_swaps"], st["mode"]) == ("never", 2, "plain")
+        assert [r["ids"] for r in again] == [r["ids"] for r in before]
         log = server.log_path.read_text(errors="replace")
         assert log.count("dynspec: policy never -> always at step") == 1

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dynspec.models import StrictModel, Workload, field_default
 from dynspec.roles import ARM_POLICIES, SIM_ARMS
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL
 from dynspec.io.typed_yaml import parse_model, read_yaml
 
 PLACEHOLDERS = ("{model}", "{draft_model}", "{port}", "{host}", "{python}")  # {python}: dynspec's interpreter
@@ -226,6 +227,10 @@ class Arm(StrictModel):
     env: dict[str, str] = {}
     api: Literal["generate", "openai", "chat"] = "generate"
     driver: Literal["bench_serving", "dynspec"] | None = None  # the client; None: the config's
+    # Live: measured on that arm's (patched) server, its policy written into the server's
+    # DYNSPEC_POLICY_CONTROL file before each of its levels.  Two processes of one build measure
+    # several percent apart, so policies compared on one process differ only by their choices.
+    shares: str | None = None
 
     @field_validator("launch", mode="before")
     @classmethod
@@ -386,6 +391,36 @@ class SweepConfig(StrictModel):
             raise ValueError(f"arm names must be unique ({', '.join(dup)} repeats)")
         return v
 
+    @model_validator(mode="after")
+    def _shared_servers(self) -> "SweepConfig":
+        by_name = {a.name: a for a in self.arms}
+        for a in self.arms:
+            if a.shares is None:
+                continue
+            host, where = by_name.get(a.shares), f"arm {a.name!r}: shares {a.shares!r}"
+            if host is None or host is a:
+                raise ValueError(f"{where}: name another arm of this config")
+            if host.shares is not None:
+                raise ValueError(f"{where}: that arm shares {host.shares!r}; name the arm whose server it is")
+            if a.launch or set(a.env) - {"DYNSPEC_POLICY"}:
+                raise ValueError(f"{where}: it runs on that arm's server; leave out its launch and env")
+            if "DYNSPEC_POLICY" not in a.env:
+                raise ValueError(f"{where}: sim_arm {a.sim_arm!r} states no policy for a patched server")
+            if "DYNSPEC_POLICY" not in host.env or ENV_POLICY_CONTROL in host.env:
+                raise ValueError(f"{where}: that arm must be a patched server (DYNSPEC_POLICY) without "
+                                 f"{ENV_POLICY_CONTROL}, which the sweep sets")
+            if self.schedule != "interleaved":
+                raise ValueError(f"{where}: sharing a server needs schedule: interleaved")
+        return self
+
+    def host_of(self, arm: Arm) -> Arm:
+        """The arm whose server `arm` is measured on (itself unless it shares one)."""
+        return self.arm(arm.shares) if arm.shares else arm
+
+    def sharers(self, host: Arm) -> list[Arm]:
+        """The arms measured on `host`'s server besides its own."""
+        return [a for a in self.arms if a.shares == host.name]
+
     def levels(self) -> list[Level]:
         """Closed-loop levels, then open-loop ones, in the config's order."""
         if self.load_phases is not None:
@@ -501,6 +536,8 @@ def check_live(cfg: SweepConfig, src: str = "<config>") -> None:
     if is_placeholder(cfg.model):
         raise ConfigError(f"{src}: model: fill in the target model's path (got {cfg.model!r})")
     for i, arm in enumerate(cfg.arms):
+        if arm.shares:
+            continue
         if not arm.launch:
             raise ConfigError(f"{src}: arms.{i}.launch: the live backend needs the server's command line")
         if arm.speculates and is_placeholder(cfg.draft_model):

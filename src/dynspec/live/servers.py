@@ -334,6 +334,23 @@ class ArmServer:
         snap.error = "; ".join(errors)
         return snap
 
+    def flush_cache(self, timeout: float = 10.0, tries: int = 10) -> str:
+        """Empty the server's prefix cache (POST /flush_cache); '' when done, else why not.  SGLang
+        refuses while requests run (an aborted client's requests may still finish): tried again."""
+        problem = ""
+        for i in range(tries):
+            if i:
+                time.sleep(0.5)
+            req = urllib.request.Request(self.base_url + "/flush_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout):
+                    return ""
+            except urllib.error.HTTPError as exc:
+                problem = f"/flush_cache HTTP {exc.code}"
+            except (OSError, http.client.HTTPException) as exc:
+                problem = f"/flush_cache {type(exc).__name__}: {exc}"
+        return problem
+
     def reset_accept_counters(self, info: dict | None, timeout: float = 10.0) -> bool:
         """Zero SGLang's accept-length accumulators so avg_spec_accept_length covers one level.
 

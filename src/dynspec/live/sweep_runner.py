@@ -8,13 +8,15 @@ import logging
 import math
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dynspec.io.atomic import write_json
+from dynspec.io.atomic import write_json, write_text
 from dynspec.io.disk_full import is_disk_full
 from dynspec.live.config import Level, SweepConfig, level_name
 from dynspec.live.run_folder import _now, _Run
 from dynspec.live.server_info import dynspec_state
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, POLL_INTERVAL_S
 from dynspec.results import EMULATOR_LAG_LIMIT, ResultsWriter, make_row, read_rows, summarize
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ class _Sweep:
         self.time_scale = cfg.emulate.time_scale if backend == "emulate" else 1.0
         self.server: ArmServer | None = None  # the server of the arm being measured
         self.servers: dict[str, ArmServer] = {}  # every server up now, by arm name
+        self.control_spec: dict[str, str] = {}  # a shared server's policy as last written, by arm name
         self.rows_written = 0
         self.failures = 0
         # Progress: "level k/N" and an ETA from the levels measured so far in this session.
@@ -131,20 +134,38 @@ class _Sweep:
             return [(lv, r) for a, lv, r in todo if a is arm]
 
         # Launched together, then waited for one by one: they start side by side.
-        launched = [a for a in arms if self.start_server(a, left(a), wait=False)]
-        up = [a for a in launched if self.start_server(a, left(a), launch=False)]
+        hosts = [cfg.arm(n) for n in dict.fromkeys(self.host_of(a).name for a in arms)]
+        launched = [h for h in hosts if self.start_server(h, left(h), wait=False)]
+        up = [h for h in launched if self.start_server(h, left(h), launch=False)]
+        for h in hosts:
+            if h not in up:  # start_server failed its levels; those of arms sharing it fail with them
+                for a in arms:
+                    if a is not h and self.host_of(a) is h:
+                        self.fail_levels(a, left(a), f"server not started: the server of arm {h.name} did not start")
+                todo = [t for t in todo if self.host_of(t[0]) is not h]
+        order_of = [a for a in cfg.arms if self.host_of(a) in up]
         for r in range(cfg.repeats):
-            order = up if r % 2 == 0 else up[::-1]
+            order = order_of if r % 2 == 0 else order_of[::-1]
             for lv in cfg.levels():
                 for arm in order:
-                    if (arm, lv, r) in todo and arm.name in self.servers:
-                        if not self.measure_on(arm, lv, r, left(arm)):
-                            self.stop_servers(arm.name)
+                    host = self.host_of(arm)
+                    if (arm, lv, r) not in todo or host.name not in self.servers:
+                        continue
+                    if self.measure_on(arm, lv, r, left(arm)):
                         todo.remove((arm, lv, r))
+                        continue
+                    todo = [t for t in todo if t[0] is not arm]  # measure_on failed them
+                    self.stop_servers(host.name)
+        for arm, lv, r in todo:  # arms whose shared server died before these levels
+            self.fail_levels(arm, [(lv, r)], f"server of arm {self.host_of(arm).name} exited before this level")
+
+    def host_of(self, arm):
+        """The arm whose server measures `arm`: a shared one live, its own on the emulator."""
+        return self.cfg.host_of(arm) if self.backend == "live" else arm
 
     def measure_on(self, arm, lv: Level, r: int, left: list) -> bool:
         """One level on the arm's running server; False (and the rest of `left` failed) if it has died."""
-        self.server = server = self.servers[arm.name]
+        self.server = server = self.servers[self.host_of(arm).name]
         if not server.alive():
             self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
             return False
@@ -155,6 +176,8 @@ class _Sweep:
             self.fail_levels(arm, left, f"server not answering /health before this level: {problem}")
             return False
         try:
+            if server.name in self.control_spec:
+                self.set_policy(server.name, arm.env["DYNSPEC_POLICY"])
             self.server_level(arm, lv, r)
         except Exception as exc:  # a scrape or a level gone wrong is that level's row, not the sweep's end
             if is_disk_full(exc):  # but no row can be written: the sweep stops, in one line
@@ -162,6 +185,20 @@ class _Sweep:
             log.exception("%s: failed", level_name(arm.name, lv, r))
             self.fail_levels(arm, [(lv, r)], f"level failed: {type(exc).__name__}: {exc}")
         return True
+
+    def control_path(self, host: str) -> Path:
+        return self.run.dir / "control" / f"{host}.policy"
+
+    def set_policy(self, host: str, spec: str, *, wait: bool = True) -> None:
+        """Write the policy the next level of `host`'s server runs; the server swaps it in at its
+        first decode step after one poll interval, so a level that starts later runs it throughout."""
+        if self.control_spec.get(host) == spec:
+            return
+        write_text(self.control_path(host), spec + "\n")
+        self.control_spec[host] = spec
+        log.info("arm %s: policy %s written to %s", host, spec, self.control_path(host))
+        if wait:
+            time.sleep(1.2 * POLL_INTERVAL_S)
 
     def start_server(self, arm, pending: list, *, launch: bool = True, wait: bool = True) -> bool:
         """Launch the arm's server and/or wait until it is healthy.  False when it did not start: then
@@ -201,12 +238,16 @@ class _Sweep:
         else:
             argv = fill_placeholders(arm.launch, {"model": cfg.model or "", "draft_model": cfg.draft_model or "",
                                                   "port": str(port), "host": cfg.host, "python": sys.executable})
-        server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=arm.env,
+        env = dict(arm.env)
+        if self.backend == "live" and cfg.sharers(arm):  # a server whose policy the sweep sets per level
+            env[ENV_POLICY_CONTROL] = str(self.control_path(arm.name))
+            self.set_policy(arm.name, arm.env["DYNSPEC_POLICY"], wait=False)
+        server = ArmServer(arm.name, argv, port=port, host=cfg.host, env=env,
                            log_path=self.run.dir / "logs" / f"{arm.name}.log",
                            startup_timeout=cfg.timeouts.startup_s, shutdown_grace=cfg.timeouts.shutdown_grace_s)
         self.servers[arm.name] = server
         log.info("arm %s: starting %s", arm.name, " ".join(argv))
-        entry = {"command": argv, "env": arm.env, "port": port, "started": _now()}
+        entry = {"command": argv, "env": env, "port": port, "started": _now()}
         self.run.info["servers"][arm.name] = entry
         server.start()
         assert server.proc is not None  # start() either started it or raised
@@ -273,6 +314,14 @@ class _Sweep:
         cfg, server = self.cfg, self._measured()
         name = level_name(arm.name, lv, r)
         driver = cfg.driver_for(arm, self.backend)
+        if self.backend == "live" and any(a.shares for a in cfg.arms):
+            # Arms on one server get the level's prompts in turn: without a flush the later ones
+            # would find them cached.  Every server is flushed, so that every arm meets a level alike.
+            problem = server.flush_cache()
+            if problem and server.wait_exit(2.0):  # refused because it died: say so
+                raise RuntimeError(f"server exited with code {server.returncode} before this level")
+            if problem:
+                raise RuntimeError(f"the prefix cache could not be emptied before the level ({problem})")
         if driver == "dynspec":
             self.warm_up(arm, lv, r, name)
         before = server.scrape()
@@ -293,6 +342,10 @@ class _Sweep:
         errors = [error]
         if not server.alive():
             errors.insert(0, f"server exited with code {server.returncode} during the level")
+        block = dynspec_state(after.server_info) or {}
+        wanted = self.control_spec.get(server.name)
+        if wanted is not None and block.get("policy") != wanted:
+            errors.append(f"the shared server ran policy {block.get('policy')!r}, not {wanted!r} from its control file")
         # on the rows' clock, as duration_s
         counters["emulator_lag_s"] = (emulator_lag(after) - emulator_lag(before)) * self.time_scale
         for k, v in counters.items():  # the server's own counters; bench_serving's accept length otherwise
@@ -309,7 +362,6 @@ class _Sweep:
         write_json(self.run.dir / "scrapes" / f"{name}.json",
                     {"before": before.to_dict(), "after": after.to_dict(), "accept_counters_reset": reset,
                      "driver": driver})
-        block = dynspec_state(after.server_info) or {}
         policy = block.get("policy") or _expected_policy(cfg, arm, self.backend)
         self.append(arm, lv, r, policy, metrics)
 

@@ -91,7 +91,8 @@ def bench_python(cfg, arm) -> str:
     dynspec's own."""
     if cfg.bench_serving.python:
         return cfg.bench_serving.python
-    first = arm.launch[0] if arm.launch else ""
+    launch = cfg.host_of(arm).launch  # an arm sharing a server is measured with its python
+    first = launch[0] if launch else ""
     if first == "{python}" or not first:
         return sys.executable
     return first if Path(first).name.startswith("python") else sys.executable

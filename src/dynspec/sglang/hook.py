@@ -189,6 +189,7 @@ class Controller(TPAgreement):
         self._poll_clock: Callable[[], float] = time.monotonic
         self._next_poll = 0.0
         self.policy_swaps = 0
+        self._shelved: dict[str, FailSafePolicy] = {}  # policies swapped out, by spec
 
     # --- before a step ------------------------------------------------------------
     def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
@@ -264,14 +265,20 @@ class Controller(TPAgreement):
         spec = control.read()
         if spec is None or spec == self.spec:
             return
-        try:
-            policy = self._make_policy(spec)
-        except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
-            self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
-                             "policy %s stays", control.path, spec, exc, self.spec)
-            return
+        # A spec swapped back in resumes the policy built for it, with what it had learned: as
+        # if it had kept its own server, idle while the others ran.
+        self._shelved[self.spec] = self.policy
+        policy = self._shelved.pop(spec, None)
+        if policy is None:
+            try:
+                policy = FailSafePolicy(self._make_policy(spec), self.log)
+            except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
+                self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
+                                 "policy %s stays", control.path, spec, exc, self.spec)
+                del self._shelved[self.spec]
+                return
         old = self.spec
-        self.policy = FailSafePolicy(policy, self.log)
+        self.policy = policy
         self.spec = spec
         self.policy_swaps += 1
         self._use_sync(self.sync)  # the new policy's TP plumbing (a no-op on one rank)

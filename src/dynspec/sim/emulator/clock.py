@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from pydantic import Field, field_validator
 
 from dynspec.sim.engine import Engine, Request
 from dynspec.models import Model
-from dynspec.policy import FailSafePolicy, build_policy
+from dynspec.policy import FailSafePolicy, Policy, build_policy
 from dynspec.sim.profile import load_profile
 from dynspec.sim.run import arm_policy_spec
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl
 
 log = logging.getLogger("dynspec.sim.emulator")
 
@@ -99,6 +101,13 @@ class Emulator:
         self._accept_base = (0, 0)  # (spec tokens, request-steps) at the last /set_internal_state
         self._gen_mark = (0, 0.0, 0)  # (tokens, loop time, decode steps) of the last sample
         self.gen_throughput = 0.0
+        # DYNSPEC_POLICY_CONTROL, as a patched server honours it: a speculating arm swaps in the
+        # file's policy before a step, at most once per poll interval.
+        path = os.environ.get(ENV_POLICY_CONTROL, "").strip()
+        self._control = PolicyControl(path, log) if path and policy is not None else None
+        self._next_poll = 0.0
+        self._shelved: dict[str, Policy] = {}  # policies swapped out, by spec
+        self.policy_swaps = 0
 
     # Clock and loop ---------------------------------------------------------------------
     def virtual_now(self) -> float:
@@ -138,6 +147,8 @@ class Emulator:
         assert work is not None  # start() makes it before this task
         try:
             while True:
+                if self._control is not None and time.monotonic() >= self._next_poll:
+                    self._poll_control()
                 step = eng.step()
                 if step is None:  # nothing waiting or running
                     work.clear()
@@ -172,6 +183,28 @@ class Emulator:
                 req.context.finished = True
                 req.context.wake()
 
+    def _poll_control(self) -> None:
+        control = self._control
+        assert control is not None and self.policy_spec is not None
+        self._next_poll = time.monotonic() + control.interval_s
+        spec = control.read()
+        if spec is None or spec == self.policy_spec:
+            return
+        assert self.engine.policy is not None  # a control file is only watched on a speculating arm
+        self._shelved[self.policy_spec] = self.engine.policy
+        policy = self._shelved.pop(spec, None)
+        if policy is None:
+            try:
+                policy = FailSafePolicy(build_policy(spec, load_profile=load_profile), log)
+            except Exception as exc:  # noqa: BLE001 - a bad spec: keep serving, as a server does
+                log.warning("dynspec emulator: policy control file %s holds %r, which is not a usable policy "
+                            "(%s); policy %s stays", control.path, spec, exc, self.policy_spec)
+                del self._shelved[self.policy_spec]
+                return
+        log.info("dynspec emulator: policy %s -> %s (from %s)", self.policy_spec, spec, control.path)
+        self.engine.policy, self.policy_spec = policy, spec
+        self.policy_swaps += 1
+
     # Reports ----------------------------------------------------------------------------
     def accept_length(self) -> float | None:
         st = self.engine.stats
@@ -185,7 +218,7 @@ class Emulator:
     def dynspec_block(self) -> dict:
         st, mode = self.engine.stats, self.engine.mode
         return {"policy": self.policy_spec or "none", "steps_spec": st.steps_spec, "steps_plain": st.steps_plain,
-                "switches": st.switches, "mode": "spec" if mode else "plain"}
+                "switches": st.switches, "mode": "spec" if mode else "plain", "policy_swaps": self.policy_swaps}
 
     def server_info(self) -> dict:
         cfg, prof, spec = self.cfg, self.profile, self.profile.speculative
