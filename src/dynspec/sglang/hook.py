@@ -61,7 +61,7 @@ from typing import Callable, Mapping, Sequence
 
 from dynspec.policy import FailSafePolicy, Policy, PolicySpecError, StepCost, StepRecord, SyncHook, build_policy
 from dynspec.sglang.metrics import PromExporter
-from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl, Shelf
 from dynspec.sglang.step_trace import ENV_STEP_TRACE, StepTrace
 from dynspec.sglang.tp_agreement import MinSyncHook, TPAgreement, agree_start, warn_rank0
 
@@ -189,7 +189,7 @@ class Controller(TPAgreement):
         self._poll_clock: Callable[[], float] = time.monotonic
         self._next_poll = 0.0
         self.policy_swaps = 0
-        self._shelved: dict[str, FailSafePolicy] = {}  # policies swapped out, by spec
+        self._shelf: Shelf[FailSafePolicy] = Shelf()  # policies swapped out, by spec
 
     # --- before a step ------------------------------------------------------------
     def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
@@ -259,24 +259,19 @@ class Controller(TPAgreement):
 
     def _poll_control(self) -> None:
         """A poll is due: swap in the file's policy if it changed, is valid and differs."""
-        control = self._control
-        assert control is not None and self._make_policy is not None
+        control, make = self._control, self._make_policy
+        assert control is not None and make is not None
         self._next_poll = self._poll_clock() + control.interval_s
         spec = control.read()
         if spec is None or spec == self.spec:
             return
-        # A spec swapped back in resumes the policy built for it, with what it had learned: as
-        # if it had kept its own server, idle while the others ran.
-        self._shelved[self.spec] = self.policy
-        policy = self._shelved.pop(spec, None)
-        if policy is None:
-            try:
-                policy = FailSafePolicy(self._make_policy(spec), self.log)
-            except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
-                self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
-                                 "policy %s stays", control.path, spec, exc, self.spec)
-                del self._shelved[self.spec]
-                return
+        try:
+            policy = self._shelf.swap(self.spec, self.policy, spec,
+                                      lambda s: FailSafePolicy(make(s), self.log))
+        except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
+            self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
+                             "policy %s stays", control.path, spec, exc, self.spec)
+            return
         old = self.spec
         self.policy = policy
         self.spec = spec

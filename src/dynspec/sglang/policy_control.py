@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+P = TypeVar("P")
 
 ENV_POLICY_CONTROL = "DYNSPEC_POLICY_CONTROL"
 
@@ -75,3 +79,20 @@ class PolicyControl:
         # Empty: a writer truncated the file and has not written yet (`echo x > file`); the next
         # poll sees the size change and reads the spec.
         return text or None
+
+
+class Shelf(Generic[P]):
+    """Policies swapped out, by spec: a spec swapped back in gets the policy it had, with what it
+    had learned (as if it had kept a server of its own, idle meanwhile), not a fresh one."""
+
+    def __init__(self) -> None:
+        self._by_spec: dict[str, P] = {}
+
+    def swap(self, old_spec: str, old_policy: P, new_spec: str, build: Callable[[str], P]) -> P:
+        """The policy for `new_spec` (shelved, else `build(new_spec)`), `old_policy` shelved under
+        `old_spec`.  If `build` raises, nothing has changed."""
+        policy = self._by_spec.pop(new_spec, None)
+        if policy is None:
+            policy = build(new_spec)
+        self._by_spec[old_spec] = old_policy
+        return policy

@@ -21,7 +21,7 @@ from dynspec.models import Model
 from dynspec.policy import FailSafePolicy, Policy, build_policy
 from dynspec.sim.profile import load_profile
 from dynspec.sim.run import arm_policy_spec
-from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl
+from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, PolicyControl, Shelf
 
 log = logging.getLogger("dynspec.sim.emulator")
 
@@ -106,7 +106,7 @@ class Emulator:
         path = os.environ.get(ENV_POLICY_CONTROL, "").strip()
         self._control = PolicyControl(path, log) if path and policy is not None else None
         self._next_poll = 0.0
-        self._shelved: dict[str, Policy] = {}  # policies swapped out, by spec
+        self._shelf: Shelf[Policy] = Shelf()  # policies swapped out, by spec
         self.policy_swaps = 0
 
     # Clock and loop ---------------------------------------------------------------------
@@ -191,16 +191,13 @@ class Emulator:
         if spec is None or spec == self.policy_spec:
             return
         assert self.engine.policy is not None  # a control file is only watched on a speculating arm
-        self._shelved[self.policy_spec] = self.engine.policy
-        policy = self._shelved.pop(spec, None)
-        if policy is None:
-            try:
-                policy = FailSafePolicy(build_policy(spec, load_profile=load_profile), log)
-            except Exception as exc:  # noqa: BLE001 - a bad spec: keep serving, as a server does
-                log.warning("dynspec emulator: policy control file %s holds %r, which is not a usable policy "
-                            "(%s); policy %s stays", control.path, spec, exc, self.policy_spec)
-                del self._shelved[self.policy_spec]
-                return
+        try:
+            policy = self._shelf.swap(self.policy_spec, self.engine.policy, spec,
+                                      lambda s: FailSafePolicy(build_policy(s, load_profile=load_profile), log))
+        except Exception as exc:  # noqa: BLE001 - a bad spec: keep serving, as a server does
+            log.warning("dynspec emulator: policy control file %s holds %r, which is not a usable policy "
+                        "(%s); policy %s stays", control.path, spec, exc, self.policy_spec)
+            return
         log.info("dynspec emulator: policy %s -> %s (from %s)", self.policy_spec, spec, control.path)
         self.engine.policy, self.policy_spec = policy, spec
         self.policy_swaps += 1
