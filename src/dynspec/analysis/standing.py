@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", type=Path, help="a run folder with results.csv")
     p.add_argument("--arm", default="dynspec-goodput", help="the switching arm to judge (default dynspec-goodput)")
     p.add_argument("--sim", type=Path, help="the run's simulated twin (same arms and levels)")
-    p.add_argument("--skip", action="append", default=[], metavar="ARM", help="an arm left out (repeatable)")
+    p.add_argument("--skip", action="extend", nargs="+", default=[], metavar="ARM", help="arms left out")
     args = p.parse_args(argv)
     live = _read(args.run)
     unknown = sorted(set(args.skip) - set(live["arm"]))
