@@ -42,7 +42,7 @@ VERSION = "0.5.23"
 
 
 def arms(cfg_dir: Path, skip_extend: bool = False, verify_off: bool = False,
-         host_times: Path | None = None) -> list[Arm]:
+         host_times: Path | None = None, with_059: bool = False) -> list[Arm]:
     up0, dyn = cfg_dir / "upstream-steps0.json", cfg_dir / "dynspec.json"
     atomic.write_json(up0, {"1": {"candidate_steps": [0]}, "4096": {"candidate_steps": [3]}})
     atomic.write_json(dyn, {"1": {"candidate_steps": [0, 3]}})
@@ -56,6 +56,8 @@ def arms(cfg_dir: Path, skip_extend: bool = False, verify_off: bool = False,
     if verify_off:  # dynspec's off state through upstream's one-token verify, as before 2026-12-04
         out.append(Arm("dynspec-off-verify", patched=True, policy="never", args=(*adaptive, str(dyn)),
                        version=VERSION, env={"DYNSPEC_PLAIN_STEP": "0"}))
+    if with_059:  # 0.5.9's plain server and its patched server with speculation off, in the same rounds
+        out += [Arm("plain-0.5.9", speculative=False), Arm("never-0.5.9", patched=True, policy="never")]
     if host_times is not None:
         out = [dataclasses.replace(a, env={**a.env, "DYNSPEC_HOST_TIMES": str(host_times / a.name)})
                for a in out]
@@ -92,6 +94,9 @@ def main(argv=None) -> int:
                     help="a fourth arm: upstream steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1")
     ap.add_argument("--with-verify-off", action="store_true",
                     help="an arm: dynspec off through upstream's one-token verify (DYNSPEC_PLAIN_STEP=0)")
+    ap.add_argument("--with-059", action="store_true",
+                    help="two more arms: SGLang 0.5.9's plain server and its patched server with DYNSPEC_POLICY=never "
+                         "(their ratio is to the 0.5.9 plain server of the same round)")
     ap.add_argument("--host-times", action="store_true",
                     help="record host seconds per SGLang function in each server (results.json: host_times)")
     args = ap.parse_args(argv)
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
     prompts, _ = shrinking_prompts(8, seed=3)
     rows = []
     ht = out / "host-times" if args.host_times else None
-    with start_arms(arms(out, args.with_skip_extend, args.with_verify_off, ht), models, out / "logs") as servers:
+    with start_arms(arms(out, args.with_skip_extend, args.with_verify_off, ht, args.with_059), models, out / "logs") as servers:
         names = list(servers)
         for c in args.concurrency:
             for name in names:  # warm-up, not counted
@@ -125,15 +130,19 @@ def main(argv=None) -> int:
         med = {n: statistics.median(r["s_per_token"] for r in rows if r["arm"] == n and r["concurrency"] == c)
                for n in names}
         # per round ratios to the plain server of the same round
+        def base(n: str) -> str:
+            return "plain-0.5.9" if n.endswith("-0.5.9") else "plain"
+
         ratios = {n: sorted(next(r["s_per_token"] for r in rows if r["arm"] == n and r["concurrency"] == c
                                  and r["round"] == k) /
-                            next(r["s_per_token"] for r in rows if r["arm"] == "plain" and r["concurrency"] == c
+                            next(r["s_per_token"] for r in rows if r["arm"] == base(n) and r["concurrency"] == c
                                  and r["round"] == k) for k in range(args.rounds))
-                  for n in names if n != "plain"}
+                  for n in names if n != base(n)}
         summary[c] = {"median_s_per_token": med,
                       "ratio_to_plain_median": {n: statistics.median(v) for n, v in ratios.items()},
                       "ratio_to_plain_range": {n: [v[0], v[-1]] for n, v in ratios.items()}}
-    result = {"kind": "measured on this project's 2-core CPU (shared), real SGLang 0.5.23, tiny crafted models",
+    result = {"kind": "measured on this project's 2-core CPU (shared), real SGLang 0.5.23"
+                      + (" and 0.5.9" if args.with_059 else "") + ", tiny crafted models",
               "command": " ".join(sys.argv), "out_len": args.out_len, "rounds": args.rounds,
               "summary": summary, "rows": rows, "dynspec": info}
     if ht is not None:  # warm-up rounds and prefills included: read per call, or as shares
