@@ -76,6 +76,14 @@ def test_roles_follow_policy_not_names():
     assert sp[("spec", 8)] == pytest.approx(0.8)
 
 
+def test_the_baseline_is_a_server_without_a_drafter_before_a_patched_never():
+    """A run with a plain server and policies sharing a patched one: `never` sorts first by name
+    but is the patched server declining, not the baseline it is priced against."""
+    t = {"a-never": {1: 97.0}, "plain": {1: 100.0}, "spec": {1: 150.0}}
+    levels = _levels(throughput=t, policy={"a-never": "never", "plain": "none", "spec": "always"})
+    assert report.roles(levels) == ("plain", "spec")
+
+
 def test_level_table_averages_repeats_and_drops_failed_ones():
     df = _rows(repeats=2)
     # Second repeat of baseline C=16 measured 1200; a third one failed outright.

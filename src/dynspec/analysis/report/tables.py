@@ -35,8 +35,13 @@ def static_arms(levels: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def roles(levels: pd.DataFrame) -> tuple[str | None, str | None]:
-    """(the baseline arm, the eagle3 arm): an arm so named if there is one, else the first by name."""
+    """(the baseline arm, the eagle3 arm): an arm so named if there is one, else the first by name;
+    for the baseline, a server without a drafter (policy "none") before a patched one that declines
+    every step (`never`, whose price the report shows against it)."""
     plain, spec = static_arms(levels)
+    if "policy" in levels:
+        drafterless = set(levels.loc[levels["policy"].astype(str) == "none", "arm"].astype(str))
+        plain = [a for a in plain if a in drafterless] + [a for a in plain if a not in drafterless]
 
     def pick(arms: list[str], name: str) -> str | None:
         return name if name in arms else (arms[0] if arms else None)
