@@ -145,7 +145,7 @@ def test_the_prompts_of_a_closed_loop_level():
 
 
 def test_the_simulator_arms_are_defined_once():
-    from dynspec.live import config
+    from dynspec.live import arm as config
     from dynspec.sim import run as sim
 
     assert config.SIM_ARMS is sim.SIM_ARMS == tuple(sim.ARM_POLICIES)
