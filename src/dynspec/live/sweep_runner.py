@@ -344,7 +344,7 @@ class _Sweep:
             errors.insert(0, f"server exited with code {server.returncode} during the level")
         block = dynspec_state(after.server_info) or {}
         wanted = self.control_spec.get(server.name)
-        if wanted is not None and block.get("policy") != wanted:
+        if wanted is not None and server.alive() and block.get("policy") != wanted:
             errors.append(f"the shared server ran policy {block.get('policy')!r}, not {wanted!r} from its control file")
         # on the rows' clock, as duration_s
         counters["emulator_lag_s"] = (emulator_lag(after) - emulator_lag(before)) * self.time_scale
