@@ -145,3 +145,42 @@ def test_family_k_runs_every_arm_and_the_oracle_is_the_best_static_k():
     worst, median = fig["goodput-k/oracle"]
     assert 0 < worst <= median  # goodput-k against the best static K, per level
     assert any("sglang-tiers" in line for line in lines)
+
+
+def drive(p: GoodputK, qs: list[float], t_of, steps: int, bs: int = 16, seed: int = 1) -> list[int]:
+    """Decode steps of batch bs against a machine whose step with K drafts takes t_of(K) and whose
+    requests accept position i with qs[i - 1]: the K run at each step."""
+    rng, ks = random.Random(seed), []
+    for _ in range(steps):
+        k = p.decide_steps(bs)
+        acc = [chain(rng, qs, k) for _ in range(bs)] if k else []
+        p.observe(StepRecord(bs, k > 0, acc, t_of(k), None, True, k))
+        ks.append(k)
+    return ks
+
+
+def test_it_reaches_the_longest_chain_in_a_few_steps_when_deep_positions_pay():
+    # Plain 10 ms; a step with K drafts 16 + 1.5 K ms (the extend above plain, a draft step and a
+    # verified token per K).  Position 3 accepts 60%, deeper ones 98%: from the positions K = 1
+    # shows, K = 7 looks no better (a never-reached position repeats the last seen), and it is
+    # best by 6% over K = 5 (expected 1 + 3.0 accepted for 26.5 ms against 1 + 2.5 for 23.5).
+    # Climbing one neighbour per probe (every 48 speculative steps) takes about 60 steps to get there.
+    p = build_policy("goodput-k")
+    assert isinstance(p, GoodputK)
+    p.set_candidate_steps(CANDS, 1)
+    ks = drive(p, [0.85, 0.8, 0.6, 0.98, 0.98, 0.98, 0.98], lambda k: 0.010 if k == 0 else 0.016 + 0.0015 * k, 240)
+    b = 7  # bucket of batch 16
+    assert p.k_cur[b] == 7
+    first = next(i for i, k in enumerate(ks) if k == 7)
+    assert first <= 16, "".join(map(str, ks[:80]))
+    # and it stays there: probes aside (3 steps in 48 at most), K = 7 from then on
+    assert ks[24:].count(7) >= 0.9 * len(ks[24:])
+
+
+def test_k_is_not_chosen_from_the_prior_before_position_one_is_seen():
+    # Two plain and two speculative steps at batch 1, every draft accepted: one request's two
+    # steps say little, and the prior alone (60% per position) would pick K = 1 at these costs.
+    p = policy()
+    ks = drive(p, [1.0], lambda k: 0.010 if k == 0 else 0.014 + 0.004 * k, 4, bs=1)
+    assert ks == [0, 0, 3, 3]
+    assert p.k_cur[0] == 3

@@ -15,9 +15,17 @@ candidates.
   same K), per bucket; a K not yet measured is interpolated linearly in K between measured
   ones, the plain step standing at K = 0 (draft steps and verified tokens both grow linearly
   in K), extrapolated from the last two points above them.
-- Probes: now and then PROBE_STEPS steps of a neighbouring candidate K, so its cost and (from
-  above) deeper positions' acceptance are measured; the interval doubles while probes confirm
-  the choice, from PROBE_MIN up to PROBE_MAX spec steps of the bucket.
+- Probes: now and then PROBE_STEPS steps of another candidate K, so its cost and (from above)
+  deeper positions' acceptance are measured.  The first comes after PROBE_FIRST speculative
+  steps of a bucket; the interval then doubles while probes confirm the choice, from PROBE_MIN
+  up to PROBE_MAX spec steps of the bucket.  A probe goes to the largest K above the chosen one
+  not yet run in the bucket whose estimate could beat the chosen one's (positions never reached
+  repeat the last seen, which under requests that differ understates them: PROBE_SLACK), since
+  one run there measures every position up to it and the cost line's far end; else to the
+  runner-up, the K whose estimate is nearest to overtaking.
+- K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
+  are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
+  is read into the counts, then every UPDATE_EVERY-th, and K chosen again after each.
 - The on/off decision stays Goodput's (lead, prefills, probes, hysteresis): it is shown the
   chosen K's steps as before, a probe's steps without its time and with accepted drafts cut to
   the chosen K (exact for a probe above it; none for one below), and when K* changes its
@@ -38,12 +46,19 @@ from dynspec.policy.sync import SyncSchedule
 
 PROBE_STEPS = 3  # a probe's steps: the first after a change of K is not a steady one
 PROBE_MIN, PROBE_MAX = 48, 768  # spec steps in a bucket between probes of another K
+PROBE_FIRST = 4  # spec steps of a bucket before its first probe: a few of the chosen K, timed, first
+# A K not yet run is probed while its estimate is within this of the chosen K's: its positions
+# beyond the deepest seen are estimated low when requests differ (the ones that survive accept more).
+PROBE_SLACK = 0.15
+MIN_TRIED = 8.0  # request-samples at position 1 before acceptance by position chooses K
+YOUNG = 64.0  # below this many samples at position 1, every speculative step is counted
 MARGIN = 0.01  # a new K must promise this much more output per second
 MEMORY = 600  # request-steps the position counts remember (decayed by 1 - 1/MEMORY per sample)
-SAMPLES = 16  # requests of a step read into the position counts (a strided sample)
-UPDATE_EVERY = 4  # spec steps between updates of the position counts (a quarter of steps pays for one)
+SAMPLES = 32  # requests of a step read into the position counts (a strided sample)
+# Spec steps between updates of the position counts and, with them, of the choice of K: an eighth
+# of steps pays for both, so the common step does neither.
+UPDATE_EVERY = 8
 _DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
-CHOOSE_EVERY = 8  # spec steps of a bucket between re-choosing its K
 PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
 
@@ -64,9 +79,12 @@ class GoodputK(Policy):
         self.tried: list[float] = []  # decayed counts by position (0: the first draft)
         self.kept: list[float] = []
         self._spec_n = [0] * n  # speculative decisions per bucket
-        self._next_probe = [PROBE_MIN] * n
+        self._next_probe = [PROBE_FIRST] * n
         self._probe_iv = [PROBE_MIN] * n
-        self._probe_left, self._probe_b, self._probe_k, self._probe_up = 0, -1, 0, [True] * n
+        self._probe_left, self._probe_b, self._probe_k = 0, -1, 0
+        self._probe_plain = False  # the probe under way was sent from plain decoding
+        self._plain_n = [0] * n  # plain decisions per bucket
+        self._next_plain_probe = [PROBE_FIRST] * n
         self._prev_k = -1  # the K of the previous step (steady timing)
         self._updates = 0
         self._by_k = False  # candidates set and K chosen locally
@@ -81,6 +99,8 @@ class GoodputK(Policy):
         self._pos = [k for k in self.candidate_steps if k > 0]
         kmax = self._pos[-1]
         self.tried, self.kept = [0.0] * kmax, [0.0] * kmax
+        self._surv = self._survival()
+        self._cum = [0.0, *(sum(self._surv[:i]) for i in range(1, kmax + 1))]
         self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
         self.k_cur = [self.on_steps] * len(BUCKET_EDGES)
         self._by_k = self._local
@@ -90,44 +110,81 @@ class GoodputK(Policy):
         return self.inner.decide(batch_size)
 
     def decide_steps(self, batch_size: int) -> int:
-        if not self.inner.decide(batch_size):
-            return 0
+        spec = self.inner.decide(batch_size)
         if not self._by_k:  # no candidates, or tensor parallel: the server's own count
-            return self.on_steps
+            return self.on_steps if spec else 0
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
         if self._probe_left:
-            if self._probe_b == b:
+            if self._probe_b == b and (spec or self._probe_plain):
                 self._probe_left -= 1
                 return self._probe_k
             self._probe_left = 0
+        if not spec:
+            n = self._plain_n[b] = self._plain_n[b] + 1
+            if n >= self._next_plain_probe[b]:
+                k = self._plain_probe_target(b)
+                self._next_plain_probe[b] = n + (PROBE_MIN if k is None else PROBE_FIRST)
+                if k is not None:
+                    self._probe_left, self._probe_b, self._probe_k, self._probe_plain = PROBE_STEPS - 1, b, k, True
+                    return k
+            return 0
+        self._probe_plain = False
         n = self._spec_n[b] = self._spec_n[b] + 1
         if n >= self._next_probe[b]:
-            k = self._neighbour(b)
+            k = self._probe_target(b)
             if k is not None:
                 self._probe_left, self._probe_b, self._probe_k = PROBE_STEPS - 1, b, k
-                self._next_probe[b] = n + self._probe_iv[b]
+                # a K not yet run: the next one may be too, after a few steps of the chosen K
+                self._next_probe[b] = n + (PROBE_FIRST if self.t_k[b][k] is None else self._probe_iv[b])
                 return k
             self._next_probe[b] = n + self._probe_iv[b]
         return self.k_cur[b]
 
-    def _neighbour(self, b: int) -> int | None:
-        """The candidate next to the bucket's K to probe: an unmeasured one first, else up and
-        down in turn."""
-        pos, cur = self._pos, self.k_cur[b]
-        i = pos.index(cur)
-        near = [pos[j] for j in (i + 1, i - 1) if 0 <= j < len(pos)]
-        if not near:
-            return None
+    def _plain_probe_target(self, b: int) -> int | None:
+        """While Goodput decodes plainly in bucket b (its speculation, at the chosen K, loses): a
+        K not yet run there whose estimate beats the plain step's output per second, the best
+        such, so that a K that would pay is measured (each at most once per bucket)."""
         tk = self.t_k[b]
-        fresh = [k for k in near if tk[k] is None]
-        if fresh:
-            return fresh[0]
-        up = self._probe_up[b] = not self._probe_up[b]
-        return near[0] if up or len(near) == 1 else near[-1]
+        t0 = tk[0] if tk[0] is not None else self.inner.t_est[0][b]
+        if t0 is None or self.tried[0] < MIN_TRIED:
+            return None
+        best, rp = None, 1.0 / t0
+        for k, r in self.rates(b).items():
+            if tk[k] is None and r is not None and r > rp:
+                best, rp = k, r
+        return best
+
+    def _probe_target(self, b: int) -> int | None:
+        """The candidate to probe: the largest one above the chosen K not yet run in the bucket
+        whose estimate could beat the chosen one's, else the runner-up (highest estimate)."""
+        cur, tk = self.k_cur[b], self.t_k[b]
+        rates = self.rates(b)
+        rc = rates.get(cur)
+        for k in reversed(self._pos):
+            if k <= cur:
+                break
+            r = rates[k]
+            if tk[k] is None and (r is None or rc is None or r >= (1.0 - PROBE_SLACK) * rc):
+                return k
+        for k in self._pos:  # below: its estimate is the line from plain, too cheap; only if it beats
+            if k >= cur:
+                break
+            r = rates[k]
+            if tk[k] is None and r is not None and rc is not None and r > rc:
+                return k
+        others = [(r, k) for k, r in rates.items() if k != cur and r is not None]
+        if others:
+            return max(others)[1]
+        near = [k for k in self._pos if k != cur]
+        return near[0] if near else None
 
     # Estimates ------------------------------------------------------------------------------
     def survival(self) -> list[float]:
-        """P(drafts 1..i accepted), i = 1..max candidate, from the position estimates."""
+        """P(drafts 1..i accepted), i = 1..max candidate, from the position estimates (as of the
+        last count)."""
+        return self._surv
+
+    def _survival(self) -> list[float]:
         out, p, q = [], 1.0, PRIOR_Q
         for t, k in zip(self.tried, self.kept):
             if t > 0.05:  # seen: its own rate, shrunk to the position before; else that one's
@@ -137,36 +194,54 @@ class GoodputK(Policy):
         return out
 
     def cost(self, b: int, k: int) -> float | None:
-        """t(K) in bucket b: measured, or linear in K between measured points (plain at K = 0)."""
+        """t(K) in bucket b: measured; else linear in K through the measured speculative steps
+        (between the nearest two, or extended from the last two), never below the plain step;
+        with one K measured, the line from the plain step to it (see supported)."""
         tk = self.t_k[b]
         if tk[k] is not None:
             return tk[k]
-        pts = [(j, t) for j, t in enumerate(tk) if t is not None]
-        if not any(j == 0 for j, _ in pts):
-            t0 = self.inner.t_est[0][b]
-            if t0 is not None:
-                pts.insert(0, (0, t0))
+        t0 = tk[0] if tk[0] is not None else self.inner.t_est[0][b]
+        pts = [(j, t) for j, t in enumerate(tk) if j and t is not None]
         if len(pts) < 2:
-            return None
+            if t0 is None or not pts:
+                return None
+            pts.insert(0, (0, t0))
         lo = [p for p in pts if p[0] < k]
         hi = [p for p in pts if p[0] > k]
         (x0, y0), (x1, y1) = (lo[-1], hi[0]) if lo and hi else (pts[-2], pts[-1]) if lo else (pts[0], pts[1])
-        return max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), 1e-9)
+        t = y0 + (y1 - y0) * (k - x0) / (x1 - x0)
+        floor = t0 if t0 is not None else 1e-9
+        return t if t > floor else floor
+
+    def supported(self, b: int, k: int) -> bool:
+        """Whether t(K) rests on speculative steps alone: measured, or two K measured.  A
+        speculative step has costs a plain one lacks at any K (the draft extend, the verify's
+        setup), so the line from the plain step through one K is too steep: too cheap below it,
+        too dear above.  Such an estimate may send a probe, not the choice."""
+        tk = self.t_k[b]
+        if tk[k] is not None:
+            return True
+        n = 0
+        for j in self._pos:
+            if tk[j] is not None:
+                n += 1
+        return n >= 2
 
     def rates(self, b: int) -> dict[int, float | None]:
         """Expected output tokens per request per second for each positive candidate K."""
-        surv = self.survival()
-        out: dict[int, float | None] = {}
+        cum, out = self._cum, {}
         for k in self._pos:
             t = self.cost(b, k)
-            out[k] = None if t is None else (1.0 + sum(surv[:k])) / t
+            out[k] = None if t is None else (1.0 + cum[k]) / t
         return out
 
     def _choose(self, b: int, after_probe: bool = False) -> None:
+        if self.tried[0] < MIN_TRIED:  # position 1 barely seen: the estimates are the prior's
+            return
         rates = self.rates(b)
         cur = self.k_cur[b]
         rc = rates.get(cur)
-        known = {k: r for k, r in rates.items() if r is not None}
+        known = {k: r for k, r in rates.items() if r is not None and self.supported(b, k)}
         if rc is None or not known:
             return
         best = max(known, key=known.__getitem__)
@@ -179,8 +254,8 @@ class GoodputK(Policy):
     def _switch(self, b: int, old: int, new: int) -> None:
         """K* moved: Goodput's estimates for the bucket become the new K's."""
         self.k_cur[b] = new
-        g, surv = self.inner, self.survival()
-        e_old, e_new = sum(surv[:old]), sum(surv[:new])
+        g, cum = self.inner, self._cum
+        e_old, e_new = cum[old], cum[new]
         a = g.acc_est[b]
         if a is not None and e_old > 0.0:
             g.acc_est[b] = a * e_new / e_old
@@ -191,42 +266,51 @@ class GoodputK(Policy):
 
     # Observing ------------------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t, _, clean, k = rec
-        if k is None:
-            k = self.on_steps if speculated else 0
+        # Runs after every step (dynspec policy bench): the common step times its K and hands the
+        # record on; the position counts and the choice of K come every UPDATE_EVERY-th
+        # speculative step together (the choice moves only when the counts did), and on probes.
         if not self._by_k:
             self.inner.observe(rec)
             return
+        bs, speculated, accepted, t, _, clean, k = rec
+        if k is None:
+            k = self.on_steps if speculated else 0
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET
         first = False
         if t is not None and clean and k == self._prev_k:
             tk = self.t_k[b]
             old = tk[k]
-            tk[k] = t if old is None else old + ALPHA * (t - old)
-            first = old is None
+            if old is None:
+                tk[k], first = t, True
+            else:
+                tk[k] = old + ALPHA * (t - old)
         self._prev_k = k
-        cur = self.k_cur[b]
         if not (speculated and accepted):
             self.inner.observe(rec)
             if first:  # a bucket's first steady plain step: the line's K = 0 point
                 self._choose(b)
             return
-        u = self._updates = self._updates + 1
-        if u % UPDATE_EVERY == 0:
+        cur = self.k_cur[b]
+        if k != cur:  # a probe: every step counted (its positions are why it runs)
             self._count(accepted, k)
-        # Goodput first, so that a change of K below rescales estimates that include this step.
-        if k != cur:  # a probe: Goodput sees the chosen K's acceptance where it is exact
+            # Goodput first, so that a change of K below rescales estimates that include this step;
+            # it sees the chosen K's acceptance where that is exact (a probe above), else none.
             self.inner.observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
                                             step_time_s=None))
             if not self._probe_left:  # its last step: weigh the K's again
                 self._choose(b, after_probe=True)
             return
         self.inner.observe(rec)
-        if first or self._spec_n[b] % CHOOSE_EVERY == 0:
+        u = self._updates = self._updates + 1
+        if u % UPDATE_EVERY == 0 or self.tried[0] < YOUNG:
+            self._count(accepted, k)
+            self._choose(b)
+        elif first:
             self._choose(b)
 
     def _count(self, accepted: Sequence[int], k: int) -> None:
-        """Fold a step's accept lengths (a strided sample) into the position counts."""
+        """Fold a step's accept lengths (a strided sample) into the position counts, and the
+        survival and its running sums that the choice reads from them."""
         n = len(accepted)
         sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
         hist = [0] * (k + 1)
@@ -239,6 +323,12 @@ class GoodputK(Policy):
             tried[i] = tried[i] * d + reach
             kept[i] = kept[i] * d + nxt
             reach = nxt
+        self._surv = self._survival()
+        e, cum = 0.0, [0.0]
+        for x in self._surv:
+            e += x
+            cum.append(e)
+        self._cum = cum  # E[accepted | K] = cum[K]
 
     # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
     def reason(self, batch_size: int) -> str:
@@ -263,7 +353,23 @@ class GoodputK(Policy):
     def state_key(self) -> tuple:
         return (self.inner.state_key(), tuple(self.k_cur), self._probe_left, self._probe_k)
 
-    def estimates(self, b: int) -> dict[str, Any]:
-        """What the K choice in bucket b rests on (for reading, not the hot path)."""
-        return {"k": self.k_cur[b], "survival": self.survival(), "cost": {k: self.cost(b, k) for k in self._pos},
-                "rates": self.rates(b)}
+    def estimates(self, b: int | None = None) -> dict[str, Any]:
+        """What the K choice in bucket b rests on (for reading, not the hot path); without b,
+        Goodput's estimates per bucket, each with its K and per-K step times (ms) where timed."""
+        if b is not None:
+            return {"k": self.k_cur[b], "survival": self.survival(),
+                    "cost": {k: self.cost(b, k) for k in self._pos}, "rates": self.rates(b)}
+        out = self.inner.estimates()
+        if self._by_k:
+            for i, edge in enumerate(BUCKET_EDGES):
+                row = out.get(f"{edge}+")
+                if row is not None:
+                    row["k"] = self.k_cur[i]
+                    row["k_ms"] = {k: round(1000 * t, 3) for k, t in enumerate(self.t_k[i]) if t is not None}
+        return out
+
+    def prefill_estimates(self) -> dict:
+        return self.inner.prefill_estimates()
+
+    def acceptance_estimates(self) -> dict:
+        return self.inner.acceptance_estimates()
