@@ -177,8 +177,10 @@ def test_config_key_selects_dynspec_and_wins_over_env(server):
     ({**DYN, "dynspec": "bogus-policy"}, {}, "is invalid"),
     ({**DYN, "dynspec": {"policy": "never", "when": "always"}}, {}, '"dynspec" must be'),
     (DYN, {"DYNSPEC_POLICY": "goodput", "DYNSPEC_PROFILE": "no-such-profile"}, "cannot start policy"),
-    # DYNSPEC_POLICY alone: SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7].
+    # DYNSPEC_POLICY alone: SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7], which an
+    # on/off policy never runs (one that chooses the step count does: above).
     (None, {"DYNSPEC_POLICY": "goodput"}, "needs --speculative-adaptive-config with candidate steps [0, 3]"),
+    ({"1": {"candidate_steps": [1, 3]}, "dynspec": "goodput-k"}, {}, "needs 0 and --speculative-num-steps 3"),
     ({"1": {"candidate_steps": [0, 1, 3]}, "dynspec": "goodput"}, {}, "candidate steps [0, 1, 3], dynspec needs"),
 ])
 def test_a_bad_request_warns_and_runs_sglangs_policy(server, caplog, cfg, env, warning):
@@ -231,6 +233,31 @@ def test_worker_switches_states_through_the_controller(server):
     assert (stats["steps"], stats["steps_spec"], stats["steps_plain"], stats["switches"]) == (8, 5, 3, 2)
     assert stats["mean_accepted_when_speculating"] == 1.0  # plain steps' zeros are not acceptance
     assert stats["unmatched_results"] == 0
+
+
+def test_a_policy_that_chooses_k_runs_every_state_of_sglangs_default_config(server):
+    """Without --speculative-adaptive-config SGLang builds states for [0, 1, 3, 5, 7]; a policy
+    that chooses the step count (here a batch-size -> K table) is handed them all and the real
+    controller swaps to whichever it answers, each result observed with its own step count."""
+    w = server(None, env={"DYNSPEC_POLICY": "table:1-2=7,3-4=1,5-16=5,17-=0"})
+    params = w.adaptive_controller.params
+    assert w.adaptive_controller.candidate_steps == [0, 1, 3, 5, 7]
+    w.init_cuda_graphs()
+    assert sorted(k for k, _, _ in w.built) == [0, 1, 5, 7] and all(g == GRAPH_BS for *_, g in w.built)
+    seen, pending, observed = [], None, []
+    real_observe = params.controller.policy.observe
+    params.controller.policy.observe = lambda rec: (observed.append((rec.batch_size, rec.steps)), real_observe(rec))
+    for bs in [1, 4, 8, 32, 2]:
+        w.activate_step_by_batch(bs)
+        seen.append(w.speculative_num_steps)
+        if pending is not None:
+            w.on_verify_complete_cpu(*pending)
+        pending = ([1] * bs if w.speculative_num_steps else [0] * bs, bs)
+    w.on_verify_complete_cpu(*pending)
+    assert seen == [7, 1, 5, 0, 7]
+    assert w.speculative_num_draft_tokens == 8  # the 7-step state's, swapped in whole
+    assert observed == [(1, 7), (4, 1), (8, 5), (32, 0), (2, 7)]
+    assert params.dynspec_stats()["steps_by_k"] == {"0": 1, "1": 1, "5": 1, "7": 2}
 
 
 def test_the_plain_step_needs_a_one_layer_eagle3_draft_and_can_be_turned_off(server, caplog):

@@ -156,7 +156,7 @@ def test_a_result_without_its_decision_is_counted_and_attributed_to_the_current_
     a.get_steps_for_batch(16)                         # plain
     a.on_verify_complete([0] * 3, batch_size=3)       # a batch whose decision we never saw
     assert a.unmatched_results == 1
-    assert pol.seen[-1] == StepRecord(3, False, (), None)
+    assert pol.seen[-1] == StepRecord(3, False, (), None, None, True, 0)  # the state it ran: 0 steps
     # The in-flight decisions were kept for their own results.
     a.on_verify_complete([2, 2], batch_size=2)
     assert pol.seen[-1].speculated and tuple(pol.seen[-1].accepted) == (2, 2)
@@ -164,6 +164,109 @@ def test_a_result_without_its_decision_is_counted_and_attributed_to_the_current_
     a.on_verify_complete([1], batch_size=1)           # 16's result never came: its decision is dropped
     assert pol.seen[-1].batch_size == 1 and pol.seen[-1].speculated
     assert len(a._pending) == 0 and a.dynspec_stats()["unmatched_results"] == 1
+
+
+class ByBatch(Policy):
+    """Answers a step count by batch size (decide_steps); records every observe()."""
+
+    name = "by-batch"
+
+    def __init__(self, table: dict[int, int]):
+        self.table = table  # batch size up to -> K
+        self.seen: list[StepRecord] = []
+        self.told: tuple | None = None
+
+    def set_candidate_steps(self, steps, on_steps) -> None:
+        super().set_candidate_steps(steps, on_steps)
+        self.told = (tuple(steps), on_steps)
+
+    def decide(self, batch_size: int) -> bool:
+        return self.decide_steps(batch_size) > 0
+
+    def decide_steps(self, batch_size: int) -> int:
+        return next(k for up_to, k in sorted(self.table.items()) if batch_size <= up_to)
+
+    def observe(self, rec: StepRecord) -> None:
+        self.seen.append(rec)
+
+
+def test_the_adapter_runs_the_step_count_the_policy_answers_among_every_candidate():
+    """SGLang 0.5.23 builds a state per candidate step count; the adapter hands the policy all of
+    them and runs whichever its decide_steps answers (not only 0 and N), and each result reaches
+    the policy with the step count that produced it, under the overlap scheduler's order."""
+    clock = Clock()
+    pol = ByBatch({2: 7, 8: 1, 31: 5, 10**6: 0})
+    a = DynspecAdaptivePolicy(Controller(pol, spec="by-batch", clock=clock), 3, [0, 1, 3, 5, 7], clock=clock)
+    assert pol.told == ((0, 1, 3, 5, 7), 3) and a.candidate_steps == [0, 1, 3, 5, 7]
+    a.set_cuda_graph_bs([1, 8, 32])
+    assert all(a.cuda_graph_bs_for_step(k) == [1, 8, 32] for k in (0, 1, 3, 5, 7))
+    assert a.cuda_graph_bs_for_step(4) == []
+    got: list[int] = []
+    pending: tuple[int, list[int]] | None = None
+    for bs, acc in ((2, [7, 3]), (8, [1] * 8), (16, [4] * 16), (64, [0] * 64)):
+        got.append(a.get_steps_for_batch(bs))   # launched before the previous result is read
+        clock.t += 0.01
+        if pending is not None:
+            a.on_verify_complete(pending[1], batch_size=pending[0])
+        pending = (bs, acc)
+    assert pending is not None
+    a.on_verify_complete(pending[1], batch_size=pending[0])
+    assert got == [7, 1, 5, 0]
+    assert [(r.batch_size, r.steps, r.speculated, tuple(r.accepted)[:2]) for r in pol.seen] == [
+        (2, 7, True, (7, 3)), (8, 1, True, (1, 1)), (16, 5, True, (4, 4)), (64, 0, False, ())]
+    st = a.dynspec_stats()
+    assert st["candidate_steps"] == [0, 1, 3, 5, 7] and st["steps_by_k"] == {"0": 1, "1": 1, "5": 1, "7": 1}
+    assert (st["steps_spec"], st["steps_plain"]) == (3, 1)
+
+
+def test_goodput_k_behind_the_adapter_moves_to_the_longest_chain_where_it_pays(tmp_path):
+    """goodput-k built as the patched server builds it (the config's steps [0, 1, 3, 5, 7], N = 3)
+    and driven through the adapter on a machine where 7 drafts pay most: the server is told to
+    run 7, a count the on/off adapter never ran."""
+    import random
+
+    cfg = write(tmp_path, {"1": {"candidate_steps": [0, 1, 3, 5, 7]}})
+    clock = Clock()
+    built = build_adaptive_policy(3, cfg, env={"DYNSPEC_POLICY": "goodput-k"}, logger=logging.getLogger("t0523"))
+    assert isinstance(built, DynspecAdaptivePolicy) and built.candidate_steps == [0, 1, 3, 5, 7]
+    built.controller._clock = clock  # step times from the test's clock
+    a = DynspecAdaptivePolicy(built.controller, 3, built.candidate_steps, clock=clock)
+    rng, ks = random.Random(3), []
+    qs = [0.85, 0.8, 0.6, 0.98, 0.98, 0.98, 0.98]
+    for _ in range(300):
+        k = a.get_steps_for_batch(16)
+        clock.t += 0.010 if k == 0 else 0.016 + 0.0015 * k
+        acc = []
+        for _ in range(16):
+            j = 0
+            while j < k and rng.random() < qs[j]:
+                j += 1
+            acc.append(j)
+        a.on_verify_complete(acc, batch_size=16)
+        ks.append(k)
+    assert ks[-100:].count(7) >= 90, "".join(map(str, ks))
+    assert a.dynspec_stats()["steps_by_k"]["7"] >= 200
+
+
+def test_a_policy_that_chooses_the_step_count_takes_any_config_with_0_and_n(tmp_path, caplog):
+    """goodput-k (and SGLang's tiers, a K table) run every state SGLang builds, SGLang's default
+    config included; an on/off policy still needs exactly [0, N], and 0 and N must be there."""
+    log = logging.getLogger("t0523")
+    wide = write(tmp_path, {"1": {"candidate_steps": [0, 1, 3]}, "8": {"candidate_steps": [0, 5, 7]}})
+    for spec in ("goodput-k", "sglang-default-tiers", "table:1-7=5,8-=1"):
+        got = build_adaptive_policy(3, wide, env={"DYNSPEC_POLICY": spec}, logger=log)
+        assert isinstance(got, DynspecAdaptivePolicy) and got.candidate_steps == [0, 1, 3, 5, 7], spec
+    default = build_adaptive_policy(5, None, env={"DYNSPEC_POLICY": "goodput-k"}, logger=log)
+    assert isinstance(default, DynspecAdaptivePolicy) and default.candidate_steps == [0, 1, 3, 5, 7]
+    with caplog.at_level(logging.WARNING, logger="t0523"):
+        assert build_adaptive_policy(3, wide, env={"DYNSPEC_POLICY": "goodput"}, logger=log) is None
+        assert build_adaptive_policy(2, wide, env={"DYNSPEC_POLICY": "goodput-k"}, logger=log) is None
+        assert build_adaptive_policy(3, write(tmp_path, {"1": {"candidate_steps": [1, 3]}}),
+                                     env={"DYNSPEC_POLICY": "goodput-k"}, logger=log) is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert "dynspec needs exactly [0, 3]" in msgs[0]
+    assert "needs 0 and --speculative-num-steps 2 among them" in msgs[1]
+    assert "candidate steps [1, 3]" in msgs[2] and len(msgs) == 3
 
 
 def test_spec_steps_must_be_positive():

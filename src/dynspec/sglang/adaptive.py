@@ -10,13 +10,18 @@ asked, by DYNSPEC_POLICY or by a "dynspec" key in the adaptive config JSON:
     {"1": {"candidate_steps": [0, 3]}, "dynspec": {"policy": "goodput", "profile": "seed-blackwell"}}
 
 The integer keys still size SGLang's buffers and validate --speculative-num-steps
-(upstream reads them before any policy exists); dynspec uses two of the states:
-the configured step count when its policy says speculate, 0 when it says plain.  So
-dynspec runs only with a config whose candidate steps are exactly [0, N]
-(`steps_problem`): SGLang's default ([0, 1, 3, 5, 7]) would size buffers for 7 steps.
+(upstream reads them before any policy exists), and SGLang builds one state per step
+count in their union.  A policy that chooses the step count (`goodput-k`,
+`sglang-default-tiers`, a `table:` of K values: STEP_POLICIES) is handed every one of
+them (Policy.set_candidate_steps, the server's --speculative-num-steps as its "on") and
+the state its decide_steps answers runs; the union must hold 0 and N.  Any other policy
+uses two states, N when it says speculate and 0 when plain, so it runs only with a
+config whose candidate steps are exactly [0, N] (`steps_problem`): SGLang's default
+([0, 1, 3, 5, 7], used without --speculative-adaptive-config) would size buffers for 7
+steps it never runs.
 
 How the protocol's calls map onto dynspec (all on the scheduler thread):
-  get_steps_for_batch(bs)   once per decode forward, before drafting -> Policy.decide
+  get_steps_for_batch(bs)   once per decode forward, before drafting -> Policy.decide_steps
   on_verify_complete(acc)   once per decode result, accept counts already on the CPU
                             -> Policy.observe; returns None (the switch happens at the
                             next get_steps_for_batch, never mid-pipeline)
@@ -44,6 +49,10 @@ import time
 from typing import Callable, Mapping, Sequence
 
 CONFIG_KEY = "dynspec"
+# SGLang 0.5.23's DEFAULT_ADAPTIVE_CONFIG: the states it builds without --speculative-adaptive-config.
+DEFAULT_STEPS = [0, 1, 3, 5, 7]
+# Policies whose decide_steps chooses among the candidate step counts (the others answer on/off).
+STEP_POLICIES = ("goodput-k", "sglang-default-tiers", "table")
 _log = logging.getLogger("dynspec.sglang.adaptive")
 
 
@@ -70,24 +79,43 @@ def config_steps(cfg) -> list[int]:
     return sorted(steps)
 
 
-def steps_problem(cfg_path: str | None, spec_steps: int) -> str | None:
+def chooses_steps(spec: str) -> bool:
+    """Whether the policy `spec` names chooses a step count among the candidates."""
+    return spec.split(":", 1)[0].strip() in STEP_POLICIES
+
+
+def server_steps(cfg_path: str | None) -> list[int]:
+    """The step counts SGLang builds a state for: the config's union, or its default's."""
+    return DEFAULT_STEPS if cfg_path is None else config_steps(read_config(cfg_path))
+
+
+def steps_problem(cfg_path: str | None, spec_steps: int, choose: bool = False) -> str | None:
     """Why this config cannot carry dynspec, or None.  SGLang sizes its buffers for the
     largest candidate step of the config (of DEFAULT_ADAPTIVE_CONFIG without one: steps
     [0, 1, 3, 5, 7], 8 draft tokens and 16 KV slots per request) before any policy
-    exists, while dynspec uses only 0 and speculative_num_steps: so the config's steps
-    must be exactly those two."""
+    exists.  A policy that chooses the step count (`choose`) runs any of them and needs 0
+    (plain) and speculative_num_steps among them; any other uses only 0 and
+    speculative_num_steps, so the config's steps must be exactly those two."""
     want = [0, spec_steps]
     example = json.dumps({"1": {"candidate_steps": want}})
-    if cfg_path is None:
-        return (f"dynspec needs --speculative-adaptive-config with candidate steps {want}, e.g. {example} "
-                f"(without one SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7])")
     try:
-        got = config_steps(read_config(cfg_path))
+        got = server_steps(cfg_path)
     except AdaptiveSelectionError as exc:
         return str(exc)
+    if choose:
+        if 0 in got and spec_steps in got:
+            return None
+        where = "SGLang's default config" if cfg_path is None else cfg_path
+        return (f"{where}: candidate steps {got}, a policy that chooses the step count needs 0 and "
+                f"--speculative-num-steps {spec_steps} among them")
+    if cfg_path is None:
+        return (f"dynspec needs --speculative-adaptive-config with candidate steps {want}, e.g. {example} "
+                f"(without one SGLang sizes its buffers for its default steps [0, 1, 3, 5, 7]; "
+                f"a policy that chooses the step count, e.g. goodput-k, runs them all)")
     if got != want:
         return (f"{cfg_path}: candidate steps {got}, dynspec needs exactly {want} (SGLang sizes its buffers "
-                f"for the largest), e.g. {example}")
+                f"for the largest; a policy that chooses the step count, e.g. goodput-k, runs them all), "
+                f"e.g. {example}")
     return None
 
 
@@ -136,15 +164,22 @@ class DynspecAdaptivePolicy:
     # overlap scheduler; more means results were skipped (their decisions are dropped).
     MAX_PENDING = 8
 
-    def __init__(self, controller, spec_steps: int, *, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, controller, spec_steps: int, candidate_steps: Sequence[int] | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter):
         if spec_steps < 1:
             raise ValueError(f"dynspec needs a positive speculative_num_steps to speculate with, got {spec_steps}")
+        steps = sorted(set(candidate_steps)) if candidate_steps else [0, spec_steps]
+        if 0 not in steps or spec_steps not in steps:
+            raise ValueError(f"candidate steps {steps} need 0 and speculative_num_steps {spec_steps}")
         self.controller = controller
         self.spec_steps = spec_steps
+        self._candidates = steps
+        # The policy chooses among every state the server built (decide_steps).
+        controller.set_candidate_steps(steps, spec_steps)
         self._clock = clock
         self._cuda_graph_bs: list[int] | None = None
         self._steps = spec_steps  # the state SGLang starts in (its initial speculative_num_steps)
-        self._pending: collections.deque = collections.deque()  # (batch_size, speculated, launch_time)
+        self._pending: collections.deque = collections.deque()  # (batch_size, steps, launch_time)
         self._last_result_t: float | None = None
         self.unmatched_results = 0
         # What the patched worker ran for each decode step (plain_decode, steps0_verify, resume).
@@ -153,26 +188,25 @@ class DynspecAdaptivePolicy:
     # --- the AdaptiveSpecPolicy protocol ------------------------------------------------
     @property
     def candidate_steps(self) -> list[int]:
-        return [0, self.spec_steps]
+        return list(self._candidates)
 
     def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
         self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
 
     def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
-        # A dynspec policy may pick either state at any batch size: both get every graph.
+        # A dynspec policy may pick any state at any batch size: each gets every graph.
         if self._cuda_graph_bs is None:
             return None
-        return list(self._cuda_graph_bs) if step in (0, self.spec_steps) else []
+        return list(self._cuda_graph_bs) if step in self._candidates else []
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         if batch_size <= 0:  # an idle batch: nothing to decide, keep the current state
             return self._steps
-        spec = self.controller.decide(batch_size)
-        self._steps = self.spec_steps if spec else 0
+        k = self._steps = self.controller.decide_steps(batch_size)
         if len(self._pending) >= self.MAX_PENDING:
             self._pending.popleft()
-        self._pending.append((batch_size, spec, self._clock()))
-        return self._steps
+        self._pending.append((batch_size, k, self._clock()))
+        return k
 
     def on_verify_complete(self, num_correct_drafts_per_req: Sequence[int], batch_size: int) -> int | None:
         now = self._clock()
@@ -181,20 +215,20 @@ class DynspecAdaptivePolicy:
         if i is not None:  # decisions before it had no result (skipped): drop them
             for _ in range(i):
                 self._pending.popleft()
-            _, spec, launched = self._pending.popleft()
-            match = (spec, launched)
+            _, k, launched = self._pending.popleft()
+            match = (k, launched)
         if match is None:
             # A result whose decision we did not see: attribute it to the current
             # state, and take no step time from it.
             self.unmatched_results += 1
-            speculated, back_to_back = self._steps > 0, False
+            k, back_to_back = self._steps, False
         else:
-            speculated, launched = match
+            k, launched = match
             back_to_back = self._last_result_t is not None and launched <= self._last_result_t
         if not back_to_back and self._last_result_t is not None:
             # Not a decode step time (the very first result has no interval at all).
             self.controller.note_gap()
-        self.controller.observe(batch_size, speculated, num_correct_drafts_per_req if speculated else ())
+        self.controller.observe(batch_size, k > 0, num_correct_drafts_per_req if k else (), steps=k)
         self._last_result_t = now
         return None  # dynspec switches only before a step (get_steps_for_batch)
 
@@ -248,11 +282,11 @@ def build_adaptive_policy(
     if spec_steps < 1:
         why = (f"speculative_num_steps is {spec_steps}, so there is no speculative state to switch to")
     else:
-        why = steps_problem(cfg_path, spec_steps)
+        why = steps_problem(cfg_path, spec_steps, chooses_steps(asked["DYNSPEC_POLICY"]))
     if why is None:
         ctl = load_controller(tp_rank=tp_rank, tp_size=tp_size, sync_factory=sync_factory, min_sync=min_sync,
                               initial_steps=spec_steps, env={**env, **asked}, logger=logger)
-        return None if ctl is None else DynspecAdaptivePolicy(ctl, spec_steps)
+        return None if ctl is None else DynspecAdaptivePolicy(ctl, spec_steps, server_steps(cfg_path))
     if tp_rank == 0:
         logger.warning("dynspec: %s; dynspec is OFF and SGLang's adaptive policy runs", why)
     if tp_size > 1 and min_sync is not None:

@@ -175,6 +175,11 @@ class Controller(TPAgreement):
         self._spec_steps_observed = 0
         self._accepted_sum = 0
         self._accepted_n = 0
+        # Draft lengths the server can run (set_candidate_steps; empty: one count, decide only)
+        # and the steps run at each (decide_steps).
+        self.candidate_steps: tuple[int, ...] = ()
+        self.on_steps = 0
+        self.steps_by_k: dict[int, int] = {}
 
         self._last_obs_t: float | None = None
         self._other_launched: float | None = None  # when note_other_forward last came
@@ -206,6 +211,34 @@ class Controller(TPAgreement):
         spec = want or not can_plain
         if not want and not can_plain:
             self.forced_spec += 1
+        self._count_step(spec, batch_size)
+        return spec
+
+    def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
+        """The server runs any of `steps` draft steps (SGLang 0.5.23's states), `on_steps` as
+        configured: the policy is told once, and decide_steps answers among them."""
+        self.policy.set_candidate_steps(steps, on_steps)
+        self.candidate_steps, self.on_steps = tuple(self.policy.candidate_steps), self.policy.on_steps
+
+    def decide_steps(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> int:
+        """Draft steps for this step, one of the candidates (set_candidate_steps first): the
+        policy's decide_steps; after a fallback the server's own count."""
+        if self._control is not None and self._poll_clock() >= self._next_poll:
+            self._poll_control()
+        pol = self.policy
+        if reqs is not None and pol.requests_up_to and not self.fallback:
+            ids = _request_ids(reqs, pol.requests_up_to)
+            pol.set_batch(ids)
+            self.steps_with_requests += ids is not None
+        k = self.on_steps if self.fallback else pol.decide_steps(batch_size)
+        if not k and not can_plain:
+            self.forced_spec += 1
+            k = self.on_steps
+        self.steps_by_k[k] = self.steps_by_k.get(k, 0) + 1
+        self._count_step(k > 0, batch_size)
+        return k
+
+    def _count_step(self, spec: bool, batch_size: int) -> None:
         self.step += 1
         if spec:
             self.steps_spec += 1
@@ -218,7 +251,6 @@ class Controller(TPAgreement):
             self._switch(mode, batch_size)
         if self._prom is not None:
             self._prom.step(spec, self.switches)
-        return spec
 
     def _switch(self, mode: str, batch_size: int) -> None:
         old = self.mode
@@ -257,6 +289,13 @@ class Controller(TPAgreement):
         self._control = control
         return True
 
+    def _new_policy(self, make: Callable[[str], Policy], spec: str) -> FailSafePolicy:
+        """A control file's policy, told the server's candidate step counts (it chooses among the same states)."""
+        policy = FailSafePolicy(make(spec), self.log)
+        if self.candidate_steps:
+            policy.set_candidate_steps(self.candidate_steps, self.on_steps)
+        return policy
+
     def _poll_control(self) -> None:
         """A poll is due: swap in the file's policy if it changed, is valid and differs."""
         control, make = self._control, self._make_policy
@@ -266,8 +305,7 @@ class Controller(TPAgreement):
         if spec is None or spec == self.spec:
             return
         try:
-            policy = self._shelf.swap(self.spec, self.policy, spec,
-                                      lambda s: FailSafePolicy(make(s), self.log))
+            policy = self._shelf.swap(self.spec, self.policy, spec, lambda s: self._new_policy(make, s))
         except Exception as exc:  # noqa: BLE001 - a bad spec (PolicySpecError) or profile: keep serving
             self.log.warning("dynspec: policy control file %s holds %r, which is not a usable policy (%s); "
                              "policy %s stays", control.path, spec, exc, self.spec)
@@ -327,9 +365,10 @@ class Controller(TPAgreement):
             self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None)
 
     def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = (),
-                reqs: Sequence | None = None) -> None:
+                reqs: Sequence | None = None, steps: int | None = None) -> None:
         """Feed one decode step's outcome (accepted draft tokens per request, in the order of reqs,
-        the step's requests when the caller has them) to the policy."""
+        the step's requests when the caller has them; `steps`: the draft steps it ran, None on a
+        one-count server) to the policy."""
         step_time = self._interval(self._last_obs_t)
         clean, self._dirty = not self._dirty, False
         if self._gap:
@@ -353,6 +392,7 @@ class Controller(TPAgreement):
                 step_time if self.times_agreed else None,
                 rids,
                 clean,
+                steps,
             )
         )
         if self.agreeing and self._schedule.due(self.step, batch_size, speculated):
@@ -394,6 +434,9 @@ class Controller(TPAgreement):
                 round(self._accepted_sum / self._accepted_n, 4) if self._accepted_n else None
             ),
             "last_switch": last,
+            # A server of several draft lengths (SGLang 0.5.23): its candidates and steps run at each.
+            "candidate_steps": list(self.candidate_steps) or None,
+            "steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())} or None,
             # What the policy believes, per batch-size bucket (goodput): why it decides as it does.
             "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
             # What it reads from prefill forwards: whether finishes come in lockstep (goodput).
