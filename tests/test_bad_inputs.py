@@ -296,3 +296,8 @@ def test_policy_bench_without_samples_is_one_line(tmp_path, capsys):
 def test_policy_bench_with_no_batch_is_one_line(tmp_path, capsys):
     err = one_line_refusal(capsys, ["policy", "bench", "goodput", "--batch", "0"], tmp_path)
     assert "--batch must be in 1..4096, got 0" in err
+
+
+def test_policy_bench_with_no_rounds_is_one_line(tmp_path, capsys):
+    err = one_line_refusal(capsys, ["policy", "bench", "goodput", "goodput-k", "--rounds", "0"], tmp_path)
+    assert "--rounds must be at least 1, got 0" in err

@@ -977,3 +977,25 @@ def test_goodput_speculates_in_a_bucket_it_only_visits_beside_prefills():
                 at7.append(d)
     assert sum(at7[10:]) >= 0.95 * len(at7[10:]), at7  # after its first visits' exploring
     assert policy.estimates()["6+"]["spec_ms"] is not None
+
+
+def test_policy_bench_times_several_specs_in_turns(capsys, monkeypatch):
+    """`dynspec policy bench A B --rounds R` times A and B alternately, R rounds each (a busy
+    machine's drift falls on both), and prints one median per spec over all its rounds."""
+    import dynspec.policy_cli as cli_mod
+
+    order = []
+
+    def fake(spec, steps, seed, batch, load_profile, cands):
+        order.append((spec, cands))
+        return [1.0 if spec == "goodput" else 2.0] * 10
+
+    monkeypatch.setattr(cli_mod, "bench_policy", fake)
+    from dynspec.cli import main as cli_main
+
+    assert cli_main(["policy", "bench", "goodput", "goodput-k", "--rounds", "3", "--candidate-steps", "0,1,3,5,7"]) == 0
+    assert order == [("goodput", [0, 1, 3, 5, 7]), ("goodput-k", [0, 1, 3, 5, 7])] * 3
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("goodput ") and "median   1.00 us" in out[0]
+    assert out[1].startswith("goodput-k ") and "median   2.00 us" in out[1]
+    assert out[-1] == "decide+observe median: 2.0 us"

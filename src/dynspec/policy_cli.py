@@ -27,7 +27,10 @@ def _check(args) -> int:
 
 
 def _bench(args) -> int:
-    specs = [args.spec] if args.spec else BENCH_SPECS
+    specs = args.spec or BENCH_SPECS
+    if args.rounds < 1:
+        print(f"dynspec policy bench: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
     if args.steps < 2:  # a median and a p99 need samples
         print(f"dynspec policy bench: --steps must be at least 2, got {args.steps}", file=sys.stderr)
         return 2
@@ -45,12 +48,15 @@ def _bench(args) -> int:
                   f"got {args.candidate_steps!r}", file=sys.stderr)
             return 2
     last = 0.0
-    for spec in specs:
-        try:
-            samples = bench_policy(spec, args.steps, args.seed, args.batch, load_profile, cands)
-        except PolicySpecError as exc:
-            print(f"dynspec policy bench: {exc}", file=sys.stderr)
-            return 2
+    got: dict[str, list[float]] = {spec: [] for spec in specs}
+    for _ in range(args.rounds):  # in turns: a busy machine's drift falls on every spec alike
+        for spec in specs:
+            try:
+                got[spec] += bench_policy(spec, args.steps, args.seed, args.batch, load_profile, cands)
+            except PolicySpecError as exc:
+                print(f"dynspec policy bench: {exc}", file=sys.stderr)
+                return 2
+    for spec, samples in got.items():
         med = statistics.median(samples)
         p99 = statistics.quantiles(samples, n=100)[98]
         print(f"{spec:40s} median {med:6.2f} us  p99 {p99:6.2f} us")
@@ -66,7 +72,8 @@ def add_cli(sub) -> None:
     c.add_argument("spec", help=f"a policy spec ({', '.join(POLICY_NAMES)})")
     c.set_defaults(func=_check)
     b = psub.add_parser("bench", help="time decide+observe; the last line is the worst median")
-    b.add_argument("spec", nargs="?", help="one spec (default: every built-in policy)")
+    b.add_argument("spec", nargs="*", help="specs to time side by side (default: every built-in policy)")
+    b.add_argument("--rounds", type=int, default=1, help="time the specs in turns this many times (medians over all)")
     b.add_argument("--steps", type=int, default=20000)
     b.add_argument("--candidate-steps", metavar="K,K,...",
                    help="time decide_steps on a server with these draft lengths (SGLang 0.5.23's, e.g. 0,1,3,5,7)")
