@@ -102,7 +102,7 @@ def test_it_picks_a_long_chain_alone_and_k1_at_a_large_batch():
 def test_a_probe_shows_goodput_the_chosen_ks_acceptance():
     p = policy()
     seen = []
-    p.inner.observe = seen.append  # type: ignore[method-assign]
+    p.inner.observe = p._inner_observe = seen.append  # type: ignore[method-assign]
     b = 0
     p.k_cur[b] = 3
     p._probe_left = 0

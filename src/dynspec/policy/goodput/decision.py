@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from dynspec.policy.buckets import BUCKET_EDGES, bucket_mid, bucket_of
+from dynspec.policy.buckets import _BUCKETS, _LAST_BUCKET, _N_BUCKETS, BUCKET_EDGES, bucket_mid, bucket_of
 from dynspec.policy.goodput.times import StepTimes
 from dynspec.policy.static import _Dwell
 
@@ -145,7 +145,7 @@ class Decision(StepTimes):
         iv[1][b] = hi if y > hi else int(y) if y >= lo else lo
 
     def decide(self, batch_size: int) -> bool:
-        b = bucket_of(batch_size)
+        b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         spec = self._choose(b, batch_size)
         w = self._window
         if self._decided and spec != (w & 1):  # a switch: what follows it until steady is its cost
@@ -177,7 +177,11 @@ class Decision(StepTimes):
                 return self._take(True, b)
             else:
                 self._known[b] = True
-        mode = self._dwell.want(self._choice[b])
+        dw, want = self._dwell, self._choice[b]  # _Dwell.want, inline (every step)
+        dw.step += 1
+        if want != dw.mode and dw.step - dw.switched_at >= dw.dwell:
+            dw.mode, dw.switched_at = want, dw.step
+        mode = dw.mode
         # Probe clocks count steps spent in this bucket, so a bucket visited rarely is not
         # probed on every visit.
         self._in_bucket[b] += 1

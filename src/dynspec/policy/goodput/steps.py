@@ -92,6 +92,7 @@ class GoodputK(Policy):
         self.set_batch = inner.set_batch  # type: ignore[method-assign]
         self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
         self.note_prefill = inner.note_prefill  # type: ignore[method-assign]
+        self._inner_decide, self._inner_observe = inner.decide, inner.observe
 
     # Candidates ---------------------------------------------------------------------------
     def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
@@ -110,7 +111,7 @@ class GoodputK(Policy):
         return self.inner.decide(batch_size)
 
     def decide_steps(self, batch_size: int) -> int:
-        spec = self.inner.decide(batch_size)
+        spec = self._inner_decide(batch_size)
         if not self._by_k:  # no candidates, or tensor parallel: the server's own count
             return self.on_steps if spec else 0
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
@@ -270,7 +271,7 @@ class GoodputK(Policy):
         # record on; the position counts and the choice of K come every UPDATE_EVERY-th
         # speculative step together (the choice moves only when the counts did), and on probes.
         if not self._by_k:
-            self.inner.observe(rec)
+            self._inner_observe(rec)
             return
         bs, speculated, accepted, t, _, clean, k = rec
         if k is None:
@@ -286,7 +287,7 @@ class GoodputK(Policy):
                 tk[k] = old + ALPHA * (t - old)
         self._prev_k = k
         if not (speculated and accepted):
-            self.inner.observe(rec)
+            self._inner_observe(rec)
             if first:  # a bucket's first steady plain step: the line's K = 0 point
                 self._choose(b)
             return
@@ -300,7 +301,7 @@ class GoodputK(Policy):
             if not self._probe_left:  # its last step: weigh the K's again
                 self._choose(b, after_probe=True)
             return
-        self.inner.observe(rec)
+        self._inner_observe(rec)
         u = self._updates = self._updates + 1
         if u % UPDATE_EVERY == 0 or self.tried[0] < YOUNG:
             self._count(accepted, k)

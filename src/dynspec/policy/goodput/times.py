@@ -26,6 +26,7 @@ class StepTimes(PrefillAccount):
                 # A switch holds for at least `dwell` steps: the resume is at most that share of each.
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from neighbours, not measured
+        self._w_one = 1.0 - (1.0 - self.alpha) ** 1  # _fold's EMA weight for one step
         self._mids = [bucket_mid(b) for b in range(n)]
         self._t_seen = [[1.0 if profile is not None else 0.0] * n for _ in range(2)]  # steady steps folded in
         # Times measured since the last sync: [kind][bucket] sum and count; kind 0 plain, 1 spec
@@ -103,8 +104,10 @@ class StepTimes(PrefillAccount):
         else:
             seen[b] += count
             # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
-            w = max(1.0 - (1.0 - self.alpha) ** count, count / seen[b])
-            self.t_est[kind][b] = prev + w * (t - prev)
+            # (one step, as every step of one process: the EMA weight computed once, no max())
+            w = self._w_one if count == 1 else 1.0 - (1.0 - self.alpha) ** count
+            r = count / seen[b]
+            self.t_est[kind][b] = prev + (r if r > w else w) * (t - prev)
 
     # Agreement across TP ranks --------------------------------------------------------
     def sync_schedule(self) -> SyncSchedule:
