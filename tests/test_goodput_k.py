@@ -184,3 +184,34 @@ def test_k_is_not_chosen_from_the_prior_before_position_one_is_seen():
     ks = drive(p, [1.0], lambda k: 0.010 if k == 0 else 0.014 + 0.004 * k, 4, bs=1)
     assert ks == [0, 0, 3, 3]
     assert p.k_cur[0] == 3
+
+
+def test_goodputs_own_probe_from_plain_runs_the_chosen_k_and_a_k_is_probed_from_plain_once():
+    # A bucket where Goodput decodes plainly: its probes of speculation are its only evidence,
+    # so they run the chosen K, not another K's probe (which would show it nothing of the chosen
+    # K's acceptance: it stayed plain for hundreds of steps, open loop, member 0:5 at C=4).
+    p = policy()
+    b = 7  # batch 16
+    for k in (1, 3, 5, 7):
+        p.t_k[b][k] = None
+    p.t_k[b][0], p.t_k[b][3] = 0.010, 0.014  # plain and the chosen K = 3 measured
+    p.tried, p.kept = [100.0] * 7, [90.0] * 7  # 90% per position: every K beats plain by far
+    p._surv = p._survival()
+    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    g = p.inner
+    g.decide = lambda bs: True  # type: ignore[method-assign]
+    p._inner_decide = g.decide
+    p._next_probe[b] = 0  # a K probe is due
+    g._probing = True  # ... but this step is Goodput's probe from plain
+    assert p.decide_steps(16) == 3
+    g._probing = False  # speculating by choice: the due probe goes to the largest K not yet run
+    assert [p.decide_steps(16) for _ in range(3)] == [7, 7, 7]
+    # Plain by choice: a K not yet run there whose estimate beats the plain step is probed once.
+    g.decide = lambda bs: False  # type: ignore[method-assign]
+    p._inner_decide = g.decide
+    p.t_k[b][7] = 0.020  # the probe above measured 7
+    p._next_plain_probe[b] = 0
+    got = [p.decide_steps(16) for _ in range(3)]
+    assert got[0] in (1, 5) and got == [got[0]] * 3
+    p.t_k[b][1] = p.t_k[b][5] = 0.012  # both measured now: nothing left to probe from plain
+    assert {p.decide_steps(16) for _ in range(200)} == {0}

@@ -12,17 +12,24 @@ candidates.
   acceptance is followed; a position never reached repeats the last one seen (the chain
   model's geometric decay).
 - Cost by K: steady steps of each K timed as Goodput times its modes (the step before ran the
-  same K), per bucket; a K not yet measured is interpolated linearly in K between measured
-  ones, the plain step standing at K = 0 (draft steps and verified tokens both grow linearly
-  in K), extrapolated from the last two points above them.
+  same K), per bucket; a K not yet measured is linear in K through the measured speculative
+  steps (a draft forward per step, a verify of K + 1 tokens), between the nearest two or
+  extended from the last two, never below the plain step.  A speculative step has costs a plain
+  one lacks at any K (the draft extend, the verify's set-up), so with one K measured the line
+  from the plain step to it is too steep: it may send a probe, not move the choice (supported).
 - Probes: now and then PROBE_STEPS steps of another candidate K, so its cost and (from above)
   deeper positions' acceptance are measured.  The first comes after PROBE_FIRST speculative
-  steps of a bucket; the interval then doubles while probes confirm the choice, from PROBE_MIN
-  up to PROBE_MAX spec steps of the bucket.  A probe goes to the largest K above the chosen one
-  not yet run in the bucket whose estimate could beat the chosen one's (positions never reached
-  repeat the last seen, which under requests that differ understates them: PROBE_SLACK), since
-  one run there measures every position up to it and the cost line's far end; else to the
-  runner-up, the K whose estimate is nearest to overtaking.
+  steps of a bucket, the next as soon again while it went to a K not run before; then the
+  interval doubles while probes confirm the choice, from PROBE_MIN up to PROBE_MAX spec steps
+  of the bucket.  A probe goes to the largest K above the chosen one not yet run in the bucket
+  whose estimate could beat the chosen one's (positions never reached repeat the last seen,
+  which under requests that differ understates them: PROBE_SLACK), since one run there measures
+  every position up to it and the cost line's far end; else to a K below not yet run whose
+  estimate beats it; else to the runner-up, the K whose estimate is nearest to overtaking.
+  Goodput's own probes of speculation run the chosen K (they are its evidence).
+- While Goodput decodes plainly in a bucket, a K not yet run there whose estimate beats the
+  plain step is probed from plain (each at most once per bucket): otherwise a K that would
+  pay is never measured where speculating at the chosen K loses.
 - K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
   are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
   is read into the counts, then every UPDATE_EVERY-th, and K chosen again after each.
@@ -116,7 +123,7 @@ class GoodputK(Policy):
             return self.on_steps if spec else 0
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
         if self._probe_left:
-            if self._probe_b == b and (spec or self._probe_plain):
+            if self._probe_b == b and (spec or self._probe_plain) and not (spec and self.inner._probing):
                 self._probe_left -= 1
                 return self._probe_k
             self._probe_left = 0
@@ -131,7 +138,10 @@ class GoodputK(Policy):
             return 0
         self._probe_plain = False
         n = self._spec_n[b] = self._spec_n[b] + 1
-        if n >= self._next_probe[b]:
+        # Goodput's own probe of speculation (from plain) runs the chosen K: it is that K's
+        # acceptance and time that the on/off decision needs, and a probe of another K would
+        # show it nothing (below) or only part (above).
+        if n >= self._next_probe[b] and not self.inner._probing:
             k = self._probe_target(b)
             if k is not None:
                 self._probe_left, self._probe_b, self._probe_k = PROBE_STEPS - 1, b, k
@@ -243,7 +253,7 @@ class GoodputK(Policy):
         cur = self.k_cur[b]
         rc = rates.get(cur)
         known = {k: r for k, r in rates.items() if r is not None and self.supported(b, k)}
-        if rc is None or not known:
+        if rc is None or not known or not self.supported(b, cur):  # both ends measured, or no move
             return
         best = max(known, key=known.__getitem__)
         if best != cur and known[best] > rc * (1.0 + MARGIN):
@@ -296,8 +306,8 @@ class GoodputK(Policy):
             self._count(accepted, k)
             # Goodput first, so that a change of K below rescales estimates that include this step;
             # it sees the chosen K's acceptance where that is exact (a probe above), else none.
-            self.inner.observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
-                                            step_time_s=None))
+            self._inner_observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
+                                             step_time_s=None))
             if not self._probe_left:  # its last step: weigh the K's again
                 self._choose(b, after_probe=True)
             return
