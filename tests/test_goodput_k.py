@@ -215,3 +215,31 @@ def test_goodputs_own_probe_from_plain_runs_the_chosen_k_and_a_k_is_probed_from_
     assert got[0] in (1, 5) and got == [got[0]] * 3
     p.t_k[b][1] = p.t_k[b][5] = 0.012  # both measured now: nothing left to probe from plain
     assert {p.decide_steps(16) for _ in range(200)} == {0}
+
+
+def test_k_ablation_switches_one_mechanism_off_for_its_arm_only(capsys):
+    """experiments/generated-machines/k_ablation.py: the ablated arm runs without the mechanism,
+    goodput-k's class is whole again afterwards, and bad counts are one line."""
+    from benchmark_scripts import load
+
+    mod = load("k_ablation")
+    before = GoodputK._plain_probe_target
+    seen = []
+    real = GoodputK.decide_steps
+
+    def spy(self, bs):
+        seen.append(GoodputK._plain_probe_target is before)
+        return real(self, bs)
+
+    GoodputK.decide_steps = spy  # type: ignore[method-assign]
+    try:
+        assert mod.main(["--family", "1", "--concurrency", "4", "--load", "0.9"]) == 0
+    finally:
+        GoodputK.decide_steps = real  # type: ignore[method-assign]
+    assert GoodputK._plain_probe_target is before
+    assert True in seen and False in seen  # one arm with the mechanism, one without
+    out = capsys.readouterr().out
+    assert "goodput-k / goodput-k without plain-probes" in out and "member-levels" in out.splitlines()[-1]
+    with pytest.raises(SystemExit):
+        mod.main(["--seeds", "0"])
+    assert "--family and --seeds must be at least 1" in capsys.readouterr().err
