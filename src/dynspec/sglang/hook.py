@@ -200,6 +200,17 @@ class Controller(TPAgreement):
     def decide(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> bool:
         """True: speculate this step.  Call exactly once per non-idle decode step.  reqs: the
         step's requests (objects with a .rid, as SGLang's Req), for a policy that tracks them."""
+        pol = self._before_decision(reqs)
+        want = True if self.fallback else pol.decide(batch_size)
+        spec = want or not can_plain
+        if not want and not can_plain:
+            self.forced_spec += 1
+        self._count_step(spec, batch_size)
+        return spec
+
+    def _before_decision(self, reqs: Sequence | None) -> FailSafePolicy:
+        """What decide and decide_steps do first: a due look at the control file, then the
+        step's requests for a policy that tracks them.  The policy in force, after any swap."""
         if self._control is not None and self._poll_clock() >= self._next_poll:
             self._poll_control()
         pol = self.policy
@@ -207,12 +218,7 @@ class Controller(TPAgreement):
             ids = _request_ids(reqs, pol.requests_up_to)
             pol.set_batch(ids)
             self.steps_with_requests += ids is not None
-        want = True if self.fallback else pol.decide(batch_size)
-        spec = want or not can_plain
-        if not want and not can_plain:
-            self.forced_spec += 1
-        self._count_step(spec, batch_size)
-        return spec
+        return pol
 
     def set_candidate_steps(self, steps: Sequence[int], on_steps: int) -> None:
         """The server runs any of `steps` draft steps (SGLang 0.5.23's states), `on_steps` as
@@ -223,13 +229,7 @@ class Controller(TPAgreement):
     def decide_steps(self, batch_size: int, can_plain: bool = True, reqs: Sequence | None = None) -> int:
         """Draft steps for this step, one of the candidates (set_candidate_steps first): the
         policy's decide_steps; after a fallback the server's own count."""
-        if self._control is not None and self._poll_clock() >= self._next_poll:
-            self._poll_control()
-        pol = self.policy
-        if reqs is not None and pol.requests_up_to and not self.fallback:
-            ids = _request_ids(reqs, pol.requests_up_to)
-            pol.set_batch(ids)
-            self.steps_with_requests += ids is not None
+        pol = self._before_decision(reqs)
         k = self.on_steps if self.fallback else pol.decide_steps(batch_size)
         if not k and not can_plain:
             self.forced_spec += 1
