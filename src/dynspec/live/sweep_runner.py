@@ -170,6 +170,9 @@ class _Sweep:
             self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
             return False
         problem = server.health_problem(self.cfg.timeouts.health_s)
+        if problem and server.wait_exit(2.0):  # a reset socket is often a server dying: say so
+            self.fail_levels(arm, left, f"server exited with code {server.returncode} before this level")
+            return False
         if problem:  # hung: each of its levels would wait out every request's timeout
             log.error("arm %s: /health before %s: %s; its remaining levels fail", arm.name,
                       level_name(arm.name, lv, r), problem)
