@@ -22,6 +22,9 @@ class AcceptanceEstimates(GoodputBase):
         self.n_acc = [0] * n  # speculative steps that fed acc_est[b]
         self.acc_global: float | None = None
         self._n_acc_global = 0  # speculative steps that fed acc_global (a profile's prior: SHRINK)
+        # Per bucket, what a bucket with few samples leans on instead of acc_global, when a
+        # better-informed estimate is at hand (GoodputK: every K's steps, read by position).
+        self.acc_prior: list[float] | None = None
         if profile is not None:
             self.acc_global = profile.acceptance.mean_accepted
             self._n_acc_global = int(self.SHRINK)  # a prior worth a few samples, not one
@@ -84,7 +87,7 @@ class AcceptanceEstimates(GoodputBase):
         """Accepted drafts per request in bucket b over whichever requests ran there, in a batch
         formed while a share `regime` of steps speculate (_settled): by default as they settle
         while speculating steadily."""
-        a, g = self.acc_est[b], self.acc_global
+        a, g = self.acc_est[b], self.acc_global if self.acc_prior is None else self.acc_prior[b]
         if a is None or g is None:
             return g if a is None else self._settled(a, self._f_acc[b], regime)
         k, s = self.n_acc[b], self.SHRINK

@@ -270,6 +270,8 @@ class GoodputK(Policy):
         a = g.acc_est[b]
         if a is not None and e_old > 0.0:
             g.acc_est[b] = a * e_new / e_old
+        if g.acc_prior is not None:
+            g.acc_prior[b] = e_new
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
             g.t_est[1][b] = t
@@ -340,6 +342,11 @@ class GoodputK(Policy):
             e += x
             cum.append(e)
         self._cum = cum  # E[accepted | K] = cum[K]
+        if self.tried[0] >= MIN_TRIED:
+            # Goodput's buckets with few samples of their own lean on every K's steps, read by
+            # position, rather than on its global mean of the chosen K's few: at batch 1 a probe
+            # or two of one request's draws would otherwise hold speculation off for a level.
+            self.inner.acc_prior = [cum[k] for k in self.k_cur]
 
     # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
     def reason(self, batch_size: int) -> str:
