@@ -12,6 +12,7 @@ from dynspec.policy.static import _Dwell
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_sqrt = math.sqrt
 
 
 class Decision(StepTimes):
@@ -40,6 +41,7 @@ class Decision(StepTimes):
         # The last `window` decisions as bits (1: speculate), and how many were taken.
         self._window, self._decided = 0, 0
         self._window_all = (1 << self.window) - 1
+        self._probe_lo = self.PROBE_MIN * self.PROBE_STEPS  # a probe's steps at most one in PROBE_MIN
 
     def _gain(self, b: int, scatter: bool = True) -> float | None:
         """Expected spec/plain goodput ratio in bucket b (speculation's output discounted by the
@@ -70,7 +72,19 @@ class Decision(StepTimes):
                 return
         if tp > ts:  # _times
             tp = ts
-        acc = self._accepted(b)
+        # _accepted, inline where the batch's own requests are not read (above PER_REQUEST_MAX)
+        if self._batch is None or b != self._batch_bucket:
+            a, acc = self.acc_est[b], self.acc_global if self.acc_prior is None else self.acc_prior[b]
+            if a is not None and acc is not None:  # _population's common path
+                n, s = self.n_acc[b], self.SHRINK
+                acc = (n * a + s * acc) / (n + s)
+                v = self._var_between
+                if v is not None and v > 0.0:
+                    acc = self._settled(acc, (n * self._f_acc[b] + s * self._f_global) / (n + s))
+            elif a is not None:
+                acc = self._settled(a, self._f_acc[b])
+        else:
+            acc = self._accepted(b)
         if acc is None:
             return
         # tokens per request as valued (_valued inline)
@@ -78,7 +92,9 @@ class Decision(StepTimes):
         if self._pf_fixed is not None:
             cost += self._prefills(b, acc, tp, ts)
         out = (1.0 + acc) / cost  # output per request of a spec step, as valued
-        tp, ts = self._costs(b, acc, tp, ts)  # each with its share of the prefills' overhead
+        if self._refilled and self._emitted > 0.0:  # _costs inline: each with its share of the prefills' overhead
+            per = self._mid[b] * self._admitted / self._emitted
+            tp, ts = tp + self._cp * per, ts + self._cs * per * (1.0 + acc)
         g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         choice = self._choice[b]
@@ -90,9 +106,10 @@ class Decision(StepTimes):
         # probes from coming every few steps where the two modes are tied.
         # A probe is PROBE_STEPS steps of the other mode and a switch there and back (r + pz).
         r, k = self._t_resume[b] + self._t_pause[b], self.PROBE_STEPS
-        from_plain = k * (ts / tp - out) + r / tp
-        if from_plain < r / tp:
-            from_plain = r / tp
+        rp = r / tp
+        from_plain = k * (ts / tp - out) + rp
+        if from_plain < rp:
+            from_plain = rp
         if not choice and self._var_between and self._batch_bucket != b:
             # Between requests that differ, a probe in a batch formed mostly plain sees the
             # arrivals' mix and may gain where steady speculation would lose: then probing as
@@ -112,9 +129,9 @@ class Decision(StepTimes):
         # request's life in plain steps, its output), paid out of the budget before any probe's
         # own cost: where it alone exceeds the budget, probes from plain come as rarely as allowed.
         # A probe takes at most one step in PROBE_MIN: its PROBE_STEPS steps come at least that far apart.
-        lo, hi, budget = self.PROBE_MIN * self.PROBE_STEPS, self.probe, self.budget
+        lo, hi, budget, lock = self._probe_lo, self.probe, self.budget, self._lock
         spare = budget
-        if self._lock:
+        if lock:
             per, fixed = self._per_prefill, self._pf_fixed
             if fixed is not None and per is not None:
                 split = (min(per, 1.0 + out) - 1.0) * min(fixed, tp) / tp  # plain steps a wave
@@ -129,8 +146,8 @@ class Decision(StepTimes):
         # what the probe costs, so an unlucky first sample is checked again soon while many
         # samples let a clear loser rest.
         n = self._acc_steps[b]
-        if n > 0.0 and not self._lock:  # (in a lockstep a probe's damage lasts: _lock's rationing above)
-            sd, d = g * self._sd_within / (math.sqrt(n) * (1.0 + acc)), abs(g - 1.0)  # _gain_sd
+        if n > 0.0 and not lock:  # (in a lockstep a probe's damage lasts: _lock's rationing above)
+            sd, d = g * self._sd_within / (_sqrt(n) * (1.0 + acc)), g - 1.0 if g > 1.0 else 1.0 - g  # _gain_sd
             if d < 4.0 * sd:  # beyond four standard errors the other mode's chance is negligible
                 z = d / sd
                 regret = sd * math.exp(-0.5 * z * z) * _INV_SQRT_2PI - d * 0.5 * math.erfc(z * _INV_SQRT_2)

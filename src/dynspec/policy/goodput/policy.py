@@ -56,7 +56,7 @@ class Goodput(Decision):
             self._refresh(b)
 
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t, rids, _, _ = rec
+        bs, speculated, accepted, t, rids, clean, _ = rec
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
@@ -131,10 +131,19 @@ class Goodput(Decision):
             # Steady: the steps around this one took its mode and no prefill came between: the
             # interval is what a step of this mode costs.  Otherwise what it cost beyond that is
             # the switch's (while one is under way) or the prefill's.
-            if rec.clean and not self._after_pf and self._decided >= self.window and \
+            if clean and not self._after_pf and self._decided >= self.window and \
                     self._window == (self._window_all if speculated else 0):
                 if not self._buffer_times:  # one process: its own times are the agreed ones
-                    self._fold(m, b, t, 1)
+                    est = self.t_est[m]
+                    prev = est[b]
+                    if prev is not None and not self._seeded[m][b] and t <= self.STALL_MAX * prev \
+                            and (m or self.t_est[1][b] is None or prev <= self.t_est[1][b]):
+                        seen = self._t_seen[m]  # _fold's EMA for one steady step, inline
+                        n = seen[b] = seen[b] + 1
+                        w, r = self._w_one, 1.0 / n
+                        est[b] = prev + (r if r > w else w) * (t - prev)
+                    else:
+                        self._fold(m, b, t, 1)
                     changed = True
                 else:
                     self._t_sum[m][b] += t
@@ -145,7 +154,7 @@ class Goodput(Decision):
                     # Nothing better yet: a switch's step (it holds the switch's cost, an upper bound)
                     # stands in until the first steady one replaces it.  One beside a prefill can be
                     # shorter than a step (two results read close together on a live server): not that.
-                    if not rec.clean or self._after_pf:
+                    if not clean or self._after_pf:
                         pass
                     elif self._buffer_times:  # ranks take it as agreed, with the steady ones
                         self._t_sum[m][b] += t
@@ -157,7 +166,7 @@ class Goodput(Decision):
                     # What it cost beyond a step, at most EXCESS_MAX steps: more is an outlier (a
                     # warm-up, as the first speculative step of a server's life), not what it costs.
                     x = t - ref if t < (self.EXCESS_MAX + 1.0) * ref else self.EXCESS_MAX * ref
-                    if not rec.clean or self._after_pf:  # beside a prefill: the prefill's overhead
+                    if not clean or self._after_pf:  # beside a prefill: the prefill's overhead
                         self._overhead(m, x, 0)
                     elif self._sw_dir >= 0 and self._window not in (0, self._window_all):
                         self._sw_sum += x  # in a switch's aftermath: the switch's cost
