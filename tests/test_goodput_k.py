@@ -243,3 +243,39 @@ def test_k_ablation_switches_one_mechanism_off_for_its_arm_only(capsys):
     with pytest.raises(SystemExit):
         mod.main(["--seeds", "0"])
     assert "--family and --seeds must be at least 1" in capsys.readouterr().err
+
+
+def _share_of_best_static_k(seed: int, index: int, c: int) -> float:
+    """goodput-k's steady output tok/s over the best static K's at one member-level of a family
+    (five waves, output lengths in [0.5, 1] x, as envelope.py --candidate-steps runs it)."""
+    from dynspec.analysis.family import level_requests, level_throughputs, member
+
+    m = member(seed, index)
+    work, cands = level_requests(m, c, 0.5, 1), [0, 1, 3, 5, 7]
+    arms = ["policy:never", *(f"policy:table:1-={k}" for k in cands[1:])]
+    best = max(level_throughputs(m.profile(), a, c, 0, candidate_steps=cands, **work)[1] for a in arms)
+    return level_throughputs(m.profile(), "policy:goodput-k", c, 0, candidate_steps=cands, **work)[1] / best
+
+
+def test_at_batch_one_goodputs_acceptance_leans_on_every_ks_steps():
+    """Member 0:66 at C=1 (K = 3 best, every K beats plain): Goodput's own acceptance at batch 1
+    came from a probe or two of one request's draws, and it decoded plainly for most of the
+    level (0.900 of the best static K).  Leaning on the acceptance read by position from every
+    K's steps, it speculates."""
+    assert _share_of_best_static_k(0, 66, 1) >= 0.97
+
+
+def test_a_change_of_k_rescales_how_requests_differ():
+    """Member 2713:46 at C=32 (K = 1 best, 1.11x plain): the spread between requests measured
+    at K = 4 made the slow ones linger at K = 1 beyond what accepted drafts of 0 or 1 allow, and
+    speculation there looked like a loss (0.916 of the best static K)."""
+    assert _share_of_best_static_k(2713, 46, 32) >= 0.97
+    g = build_policy("goodput-k")
+    g.set_candidate_steps([0, 1, 3, 5, 7], 5)
+    inner = g.inner
+    inner._var_between, inner._var_within, inner._last_b = 0.8, 2.0, 3
+    inner._req["r"] = [10.0, 40.0, 4.0]
+    g._switch(3, 5, 1)
+    r = g._cum[1] / g._cum[5]
+    assert inner._var_between == pytest.approx(0.8 * r * r) and inner._var_within == pytest.approx(2.0 * r * r)
+    assert inner._req["r"][:2] == pytest.approx([10.0 * r, 40.0 * r * r])

@@ -129,6 +129,21 @@ class AcceptanceEstimates(GoodputBase):
         if self._var_between is not None:
             self._refresh(b)
 
+    def rescale_requests(self, r: float) -> None:
+        """The draft length changed: accepted drafts scale by r (to first order), so do what
+        the running requests accepted so far, the departed ones' mean and the spreads."""
+        for s in self._req.values():
+            s[0] *= r
+            s[1] *= r * r
+        if self._departed_mean is not None:
+            self._departed_mean *= r
+        if self._var_between is not None:
+            self._var_between *= r * r
+        if self._var_within is not None:
+            self._var_within *= r * r
+            self._sd_within = math.sqrt(self._var_within) if self._var_within > 0.0 else 1.0
+        self._batch_acc = None
+
     def _depart(self, s: list) -> None:
         """Fold a departed request's own mean into the spread within and between requests.  Its
         spread is taken around the mean of the requests that departed before it (every request

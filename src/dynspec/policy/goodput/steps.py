@@ -36,7 +36,10 @@ candidates.
 - The on/off decision stays Goodput's (lead, prefills, probes, hysteresis): it is shown the
   chosen K's steps as before, a probe's steps without its time and with accepted drafts cut to
   the chosen K (exact for a probe above it; none for one below), and when K* changes its
-  estimates for the bucket are rescaled to the new K.
+  estimates for the bucket are rescaled to the new K (where the server runs now, with them
+  how the requests differ: Goodput.rescale_requests).  A Goodput bucket with few samples of
+  its own leans on E[accepted | its K] from the position counts (Goodput.acc_prior), which
+  every K's steps feed, not on its global mean of the chosen K's few samples.
 
 Step times are local, not agreed across tensor-parallel ranks: with a sync hook (TP) the K
 choice is off and every speculative step runs the server's own count (on_steps).
@@ -274,6 +277,12 @@ class GoodputK(Policy):
             g.acc_est[b] = a * e_new / e_old
         if g.acc_prior is not None:
             g.acc_prior[b] = e_new
+        # How requests differ is measured in accepted drafts at the K that ran: at K = 1 a
+        # spread measured at K = 5 would have the slow requests linger far more than they can
+        # (_settled), and speculation there look like a loss.  Where the server runs now, the
+        # spread follows its K, as the means do (to first order, in proportion).
+        if e_old > 0.0 and b == g._last_b:
+            g.rescale_requests(e_new / e_old)
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
             g.t_est[1][b] = t
