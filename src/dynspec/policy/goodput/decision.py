@@ -76,11 +76,11 @@ class Decision(StepTimes):
         if self._batch is None or b != self._batch_bucket:
             a, acc = self.acc_est[b], self.acc_global if self.acc_prior is None else self.acc_prior[b]
             if a is not None and acc is not None:  # _population's common path
-                n, s = self.n_acc[b], self.SHRINK
-                acc = (n * a + s * acc) / (n + s)
+                na, sh = self.n_acc[b], self.SHRINK
+                acc = (na * a + sh * acc) / (na + sh)
                 v = self._var_between
                 if v is not None and v > 0.0:
-                    acc = self._settled(acc, (n * self._f_acc[b] + s * self._f_global) / (n + s))
+                    acc = self._settled(acc, (na * self._f_acc[b] + sh * self._f_global) / (na + sh))
             elif a is not None:
                 acc = self._settled(a, self._f_acc[b])
         else:
@@ -93,8 +93,8 @@ class Decision(StepTimes):
             cost += self._prefills(b, acc, tp, ts)
         out = (1.0 + acc) / cost  # output per request of a spec step, as valued
         if self._refilled and self._emitted > 0.0:  # _costs inline: each with its share of the prefills' overhead
-            per = self._mid[b] * self._admitted / self._emitted
-            tp, ts = tp + self._cp * per, ts + self._cs * per * (1.0 + acc)
+            share = self._mid[b] * self._admitted / self._emitted
+            tp, ts = tp + self._cp * share, ts + self._cs * share * (1.0 + acc)
         g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         choice = self._choice[b]

@@ -134,10 +134,10 @@ class Goodput(Decision):
             if clean and not self._after_pf and self._decided >= self.window and \
                     self._window == (self._window_all if speculated else 0):
                 if not self._buffer_times:  # one process: its own times are the agreed ones
-                    est = self.t_est[m]
+                    est, ts = self.t_est[m], self.t_est[1][b]
                     prev = est[b]
                     if prev is not None and not self._seeded[m][b] and t <= self.STALL_MAX * prev \
-                            and (m or self.t_est[1][b] is None or prev <= self.t_est[1][b]):
+                            and (m or ts is None or prev <= ts):
                         seen = self._t_seen[m]  # _fold's EMA for one steady step, inline
                         n = seen[b] = seen[b] + 1
                         w, r = self._w_one, 1.0 / n
