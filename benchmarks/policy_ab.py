@@ -5,7 +5,7 @@ speed), so two versions are compared only side by side: each round runs both, on
 in turns, with the same hash seed; the summary gives each one's lowest and median per-run median
 and their ratio (this tree over REV).
 
-    .venv/bin/python benchmarks/policy_ab.py REV [--spec goodput] [--rounds 6] [--steps 20000]
+    .venv/bin/python benchmarks/policy_ab.py REV [--spec goodput] [--rounds 6] [--steps 20000] [--candidate-steps 0,1,3,5,7]
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ def export_src(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-def bench_median(src: Path, spec: str, steps: int) -> float:
+def bench_median(src: Path, spec: str, steps: int, candidate_steps: str | None = None) -> float:
     env = dict(os.environ, PYTHONPATH=str(src), PYTHONHASHSEED="0")
-    out = subprocess.run([sys.executable, "-m", "dynspec", "policy", "bench", spec, "--steps", str(steps)],
-                         env=env, capture_output=True, text=True, check=True)
+    cmd = [sys.executable, "-m", "dynspec", "policy", "bench", spec, "--steps", str(steps)]
+    if candidate_steps:
+        cmd += ["--candidate-steps", candidate_steps]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return float(MEDIAN.search(out.stdout).group(1))
 
 
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", default="goodput")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--candidate-steps", help="the draft lengths a server runs (e.g. 0,1,3,5,7; SGLang 0.5.23)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 2:
         ap.error(f"--rounds must be >= 1 and --steps >= 2, got {args.rounds} and {args.steps}")
@@ -55,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         old_src, new_src = export_src(args.rev, Path(tmp)), ROOT / "src"
         new, old = [], []
         for r in range(args.rounds):
-            new.append(bench_median(new_src, args.spec, args.steps))
-            old.append(bench_median(old_src, args.spec, args.steps))
+            new.append(bench_median(new_src, args.spec, args.steps, args.candidate_steps))
+            old.append(bench_median(old_src, args.spec, args.steps, args.candidate_steps))
             print(f"round {r + 1}: this tree {new[-1]:.2f} us   {args.rev} {old[-1]:.2f} us", flush=True)
     for name, x in (("this tree", new), (args.rev, old)):
         print(f"{name:>12s}: lowest {min(x):.2f} us, median {statistics.median(x):.2f} us over {len(x)} runs")

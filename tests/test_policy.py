@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import subprocess
 import threading
 
 import pytest
@@ -771,6 +772,11 @@ def test_policy_ab_benches_this_tree_against_a_commit_in_turns(capsys):
     assert re.search(r"ratio \(this tree / HEAD\): lowest [0-9.]+, median [0-9.]+", out)
     with pytest.raises(SystemExit, match="'no-such-rev' is not a commit"):
         ab.main(["no-such-rev"])
+    # the candidate steps reach both benches: a good list runs, a bad one fails the bench
+    k = ["HEAD", "--rounds", "1", "--steps", "200", "--spec", "goodput-k", "--candidate-steps"]
+    assert ab.main([*k, "0,1,3,5,7"]) == 0
+    with pytest.raises(subprocess.CalledProcessError):
+        ab.main([*k, "0,x"])
 
 
 def test_goodput_probes_soon_while_the_estimate_is_uncertain():
