@@ -98,7 +98,6 @@ class GoodputK(Policy):
         self._prev_k = -1  # the K of the previous step (steady timing)
         self._updates = 0
         self._by_k = False  # candidates set and K chosen locally
-        self._young = True  # position 1 has fewer than YOUNG samples: every spec step is counted
         # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
         self.set_batch = inner.set_batch  # type: ignore[method-assign]
         self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
@@ -116,7 +115,6 @@ class GoodputK(Policy):
         self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
         self.k_cur = [self.on_steps] * len(BUCKET_EDGES)
         self._by_k = self._local
-        self._young = True
 
     # Deciding -----------------------------------------------------------------------------
     def decide(self, batch_size: int) -> bool:
@@ -326,7 +324,7 @@ class GoodputK(Policy):
             return
         self._inner_observe(rec)
         u = self._updates = self._updates + 1
-        if u % UPDATE_EVERY == 0 or self._young:
+        if u % UPDATE_EVERY == 0 or self.tried[0] < YOUNG:
             self._count(accepted, k)
             self._choose(b)
         elif first:
@@ -353,7 +351,6 @@ class GoodputK(Policy):
             e += x
             cum.append(e)
         self._cum = cum  # E[accepted | K] = cum[K]
-        self._young = tried[0] < YOUNG if tried else True
         if self.tried[0] >= MIN_TRIED:
             # Goodput's buckets with few samples of their own lean on every K's steps, read by
             # position, rather than on its global mean of the chosen K's few: at batch 1 a probe
