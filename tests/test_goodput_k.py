@@ -217,32 +217,58 @@ def test_goodputs_own_probe_from_plain_runs_the_chosen_k_and_a_k_is_probed_from_
     assert {p.decide_steps(16) for _ in range(200)} == {0}
 
 
-def test_k_ablation_switches_one_mechanism_off_for_its_arm_only(capsys):
-    """experiments/generated-machines/k_ablation.py: the ablated arm runs without the mechanism,
-    goodput-k's class is whole again afterwards, and bad counts are one line."""
+def test_ablation_switches_each_mechanism_off_for_its_own_runs_only(tmp_path, capsys):
+    """experiments/generated-machines/ablation.py: a mechanism is off in its own runs and on in
+    the whole policy's, the classes are whole again afterwards, the journal resumes without
+    running a member twice, and bad input is one line that writes nothing."""
     from benchmark_scripts import load
 
-    mod = load("k_ablation")
-    before = GoodputK._plain_probe_target
-    seen = []
+    from dynspec.policy.goodput.policy import Goodput
+
+    mod = load("ablation")
+    target, shift = GoodputK._plain_probe_target, Goodput.SHIFT_Z
+    seen: list[tuple[bool, float]] = []
     real = GoodputK.decide_steps
 
     def spy(self, bs):
-        seen.append(GoodputK._plain_probe_target is before)
+        seen.append((GoodputK._plain_probe_target is target, self.inner.SHIFT_Z))
         return real(self, bs)
 
+    out = tmp_path / "rows.jsonl"
+    argv = ["--out", str(out), "--family", "1", "--concurrency", "4", "--load", "0.9", "--seeds", "2",
+            "--mechanisms", "plain-probes,shift"]
     GoodputK.decide_steps = spy  # type: ignore[method-assign]
     try:
-        assert mod.main(["--family", "1", "--concurrency", "4", "--load", "0.9"]) == 0
+        assert mod.main(argv) == 0
     finally:
         GoodputK.decide_steps = real  # type: ignore[method-assign]
-    assert GoodputK._plain_probe_target is before
-    assert True in seen and False in seen  # one arm with the mechanism, one without
-    out = capsys.readouterr().out
-    assert "goodput-k / goodput-k without plain-probes" in out and "member-levels" in out.splitlines()[-1]
-    with pytest.raises(SystemExit):
-        mod.main(["--seeds", "0"])
-    assert "--family and --seeds must be at least 1" in capsys.readouterr().err
+    assert GoodputK._plain_probe_target is target and Goodput.SHIFT_Z == shift
+    assert (True, shift) in seen and (False, shift) in seen  # goodput-k whole, and without plain probes
+    assert all(z == shift for _, z in seen)  # shift is goodput's: its runs are on/off, not goodput-k
+    text = capsys.readouterr().out
+    assert "plain-probes" in text and "shift" in text and "earns" in text
+    rows = out.read_text().splitlines()
+    assert len(rows) == 2  # the config, then member 0
+    import json
+
+    got = json.loads(rows[1])["rows"]
+    assert {r["variant"] for r in got} == {"goodput", "goodput-k", "plain-probes", "shift"}
+    assert len(got) == 4 * 2  # every variant under both simulator seeds
+    GoodputK.decide_steps = lambda self, bs: (_ for _ in ()).throw(AssertionError("ran again"))  # type: ignore[method-assign]
+    try:
+        assert mod.main(argv) == 0  # resumed: member 0 is in the journal
+    finally:
+        GoodputK.decide_steps = real  # type: ignore[method-assign]
+    capsys.readouterr()
+    assert mod.main([*argv, "--confirm", "2"]) == 0  # where it earned, again under seeds 2 and 3
+    assert "again under simulator seeds 2..3" in capsys.readouterr().out
+    assert json.loads((tmp_path / "rows.confirm2.jsonl").read_text().splitlines()[0])["config"]["confirm"] == 2
+    for bad, why in ((["--seeds", "1"], "--seeds >= 2"), (["--confirm", "1"], "--confirm 0 or >= 2"), (["--mechanisms", "nope"], "unknown mechanism 'nope'"),
+                     (["--load", "x"], "comma-separated numbers")):
+        with pytest.raises(SystemExit):
+            mod.main(["--out", str(tmp_path / "bad.jsonl"), *bad])
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 def _share_of_best_static_k(seed: int, index: int, c: int) -> float:

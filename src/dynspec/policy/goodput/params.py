@@ -49,6 +49,9 @@ class GoodputConstants:
     # (Goodput._shifted); about 3 in 1,000 probes of unchanged requests cross it, each costing a
     # few probes more.
     SHIFT_Z = 3.0
+    # The probe interval is cut by the chance that the other mode wins (the regret), out to this
+    # many standard errors of the gain; beyond them that chance is negligible.
+    REGRET_Z = 4.0
 
 
 def knob(default: Any, help: str, option: str | None = None) -> Any:

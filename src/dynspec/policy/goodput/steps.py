@@ -16,14 +16,13 @@ candidates.
   steps (a draft forward per step, a verify of K + 1 tokens), between the nearest two or
   extended from the last two, never below the plain step.  A speculative step has costs a plain
   one lacks at any K (the draft extend, the verify's set-up), so with one K measured the line
-  from the plain step to it is too steep: it may send a probe, not move the choice (supported).
+  from the plain step to it is too steep: it may send a probe, not move the choice (_rates).
 - Probes: now and then PROBE_STEPS steps of another candidate K, so its cost and (from above)
   deeper positions' acceptance are measured.  The first comes after PROBE_FIRST speculative
   steps of a bucket, the next as soon again while it went to a K not run before; then the
   interval doubles while probes confirm the choice, from PROBE_MIN up to PROBE_MAX spec steps
   of the bucket.  A probe goes to the largest K above the chosen one not yet run in the bucket
-  whose estimate could beat the chosen one's (positions never reached repeat the last seen,
-  which under requests that differ understates them: PROBE_SLACK), since one run there measures
+  whose estimate beats the chosen one's (or that has none yet), since one run there measures
   every position up to it and the cost line's far end; else to a K below not yet run whose
   estimate beats it; else to the runner-up, the K whose estimate is nearest to overtaking.
   Goodput's own probes of speculation run the chosen K (they are its evidence).
@@ -57,9 +56,6 @@ from dynspec.policy.sync import SyncSchedule
 PROBE_STEPS = 3  # a probe's steps: the first after a change of K is not a steady one
 PROBE_MIN, PROBE_MAX = 48, 768  # spec steps in a bucket between probes of another K
 PROBE_FIRST = 4  # spec steps of a bucket before its first probe: a few of the chosen K, timed, first
-# A K not yet run is probed while its estimate is within this of the chosen K's: its positions
-# beyond the deepest seen are estimated low when requests differ (the ones that survive accept more).
-PROBE_SLACK = 0.15
 MIN_TRIED = 8.0  # request-samples at position 1 before acceptance by position chooses K
 YOUNG = 64.0  # below this many samples at position 1, every speculative step is counted
 MARGIN = 0.01  # a new K must promise this much more output per second
@@ -71,6 +67,20 @@ UPDATE_EVERY = 8
 _DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
 PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
+
+
+def _line(pts: list[tuple[int, float]], t0: float | None, k: int) -> float | None:
+    """t(K) for a K not measured (GoodputK.cost), from the measured points and the plain step."""
+    if len(pts) < 2:
+        if t0 is None or not pts:
+            return None
+        pts = [(0, t0), *pts]
+    lo = [p for p in pts if p[0] < k]
+    hi = [p for p in pts if p[0] > k]
+    (x0, y0), (x1, y1) = (lo[-1], hi[0]) if lo and hi else (pts[-2], pts[-1]) if lo else (pts[0], pts[1])
+    t = y0 + (y1 - y0) * (k - x0) / (x1 - x0)
+    floor = t0 if t0 is not None else 1e-9
+    return t if t > floor else floor
 
 
 class GoodputK(Policy):
@@ -178,7 +188,7 @@ class GoodputK(Policy):
             if k <= cur:
                 break
             r = rates[k]
-            if tk[k] is None and (r is None or rc is None or r >= (1.0 - PROBE_SLACK) * rc):
+            if tk[k] is None and (r is None or rc is None or r >= rc):
                 return k
         for k in self._pos:  # below: its estimate is the line from plain, too cheap; only if it beats
             if k >= cur:
@@ -210,53 +220,43 @@ class GoodputK(Policy):
     def cost(self, b: int, k: int) -> float | None:
         """t(K) in bucket b: measured; else linear in K through the measured speculative steps
         (between the nearest two, or extended from the last two), never below the plain step;
-        with one K measured, the line from the plain step to it (see supported)."""
-        tk = self.t_k[b]
-        if tk[k] is not None:
-            return tk[k]
-        t0 = tk[0] if tk[0] is not None else self.inner.t_est[0][b]
-        pts = [(j, t) for j, t in enumerate(tk) if j and t is not None]
-        if len(pts) < 2:
-            if t0 is None or not pts:
-                return None
-            pts.insert(0, (0, t0))
-        lo = [p for p in pts if p[0] < k]
-        hi = [p for p in pts if p[0] > k]
-        (x0, y0), (x1, y1) = (lo[-1], hi[0]) if lo and hi else (pts[-2], pts[-1]) if lo else (pts[0], pts[1])
-        t = y0 + (y1 - y0) * (k - x0) / (x1 - x0)
-        floor = t0 if t0 is not None else 1e-9
-        return t if t > floor else floor
+        with one K measured, the line from the plain step to it (see _rates)."""
+        t = self.t_k[b][k]
+        return t if t is not None else _line(*self._points(b), k)
 
-    def supported(self, b: int, k: int) -> bool:
-        """Whether t(K) rests on speculative steps alone: measured, or two K measured.  A
-        speculative step has costs a plain one lacks at any K (the draft extend, the verify's
-        setup), so the line from the plain step through one K is too steep: too cheap below it,
-        too dear above.  Such an estimate may send a probe, not the choice."""
+    def _points(self, b: int) -> tuple[list[tuple[int, float]], float | None]:
+        """The bucket's measured speculative steps (K, t), and the plain step's time."""
         tk = self.t_k[b]
-        if tk[k] is not None:
-            return True
-        n = 0
-        for j in self._pos:
-            if tk[j] is not None:
-                n += 1
-        return n >= 2
+        t0 = tk[0] if tk[0] is not None else self.inner.t_est[0][b]
+        return [(j, t) for j, t in enumerate(tk) if j and t is not None], t0
 
     def rates(self, b: int) -> dict[int, float | None]:
         """Expected output tokens per request per second for each positive candidate K."""
-        cum, out = self._cum, {}
+        return self._rates(b)[0]
+
+    def _rates(self, b: int) -> tuple[dict[int, float | None], bool]:
+        """rates, and whether two K are measured.  An estimate moves the choice only where it rests
+        on speculative steps alone: measured, or two K measured.  A speculative step has costs a
+        plain one lacks at any K (the draft extend, the verify's set-up), so the line from the
+        plain step through one K is too steep: too cheap below it, too dear above.  Such an
+        estimate may send a probe, not the choice."""
+        cum, tk, out = self._cum, self.t_k[b], {}
+        pts, t0 = self._points(b)
         for k in self._pos:
-            t = self.cost(b, k)
+            t = tk[k]
+            if t is None:
+                t = _line(pts, t0, k)
             out[k] = None if t is None else (1.0 + cum[k]) / t
-        return out
+        return out, len(pts) >= 2
 
     def _choose(self, b: int, after_probe: bool = False) -> None:
         if self.tried[0] < MIN_TRIED:  # position 1 barely seen: the estimates are the prior's
             return
-        rates = self.rates(b)
-        cur = self.k_cur[b]
+        rates, two = self._rates(b)
+        cur, tk = self.k_cur[b], self.t_k[b]
         rc = rates.get(cur)
-        known = {k: r for k, r in rates.items() if r is not None and self.supported(b, k)}
-        if rc is None or not known or not self.supported(b, cur):  # both ends measured, or no move
+        known = {k: r for k, r in rates.items() if r is not None and (two or tk[k] is not None)}
+        if rc is None or not known or not (two or tk[cur] is not None):  # both ends measured, or no move
             return
         best = max(known, key=known.__getitem__)
         if best != cur and known[best] > rc * (1.0 + MARGIN):
@@ -335,9 +335,7 @@ class GoodputK(Policy):
         survival and its running sums that the choice reads from them."""
         n = len(accepted)
         sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
-        hist = [0] * (k + 1)
-        for a in sample:
-            hist[a if a < k else k] += 1
+        hist = [sample.count(i) for i in range(k)]  # requests that accepted exactly i drafts
         tried, kept, reach = self.tried, self.kept, len(sample)
         d = _DECAY[reach]
         for i in range(k if k <= len(tried) else len(tried)):
