@@ -1005,3 +1005,27 @@ def test_policy_bench_times_several_specs_in_turns(capsys, monkeypatch):
     assert out[0].startswith("goodput ") and "median   1.00 us" in out[0]
     assert out[1].startswith("goodput-k ") and "median   2.00 us" in out[1]
     assert out[-1] == "decide+observe median: 2.0 us"
+
+
+def test_a_stall_on_a_cold_servers_first_drain_does_not_price_the_buckets_below():
+    """Live on one H100, a fresh server's first level at C=64 drained through batch 31 plain, and
+    its first two steady steps there took 82 and 194 ms (kernels compiled for new shapes) where a
+    plain step costs 8 ms.  Taken whole, 164 ms became bucket 24+'s plain step, then, borrowed,
+    that of every bucket below it: speculation there looked free (cost ratio 1.0 against 1.6-2.1
+    measured) for the rest of the run.  A step of one mode costs no more than one of the same mode
+    at a larger batch, nor a plain step more than a speculative one of its bucket."""
+    machine = Machine(plain=ms(7.0, 0.02), spec=ms(9.0, 0.45), accepted_mean=1.0, seed=5)
+    p = build_policy("goodput")
+    stalls = [0.082, 0.194]
+    for bs in [64] * 400 + [31] * 4 + [20] * 4 + [12] * 4 + [6] * 4 + [3] * 4 + [1] * 300:
+        d = p.decide(bs)
+        rec = machine.step(bs, d)
+        if bs == 31 and not d and stalls:
+            rec = rec._replace(step_time_s=stalls.pop(0))
+        p.observe(rec)
+    assert not stalls  # both stalled steps were plain ones at batch 31
+    plain_31 = machine.plain(31)
+    assert p.t_est[0][bucket_of(31)] < 1.5 * plain_31
+    for b in range(bucket_of(31)):  # nothing below carries the stall
+        tp = p.t_est[0][b]
+        assert tp is None or tp < 1.5 * plain_31

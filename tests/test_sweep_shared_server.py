@@ -29,7 +29,7 @@ def _emu(arm: str) -> str:
 def _data(arms: list[dict], **changes) -> dict:
     data = yaml.safe_load(CI_TINY.read_text())
     data.update(backend="live", model="/models/target", concurrency=[1, 8], num_prompts=8, warmup_requests=0,
-                repeats=2, driver="dynspec", schedule="interleaved",
+                warm_servers=False, repeats=2, driver="dynspec", schedule="interleaved",
                 timeouts={"startup_s": 30, "level_s": 30, "request_s": 30, "shutdown_grace_s": 5}, arms=arms)
     data.update(changes)
     return data
@@ -128,3 +128,33 @@ def test_a_shared_server_that_dies_fails_the_rest_of_every_arm_on_it_once(tmp_pa
     failed = [k for k in keys if k[0] != "plain" and k != ("gp", "1", "0")]
     assert len(failed) == 11 and all(by[k]["error"] for k in failed)
     assert "server exited with code -9" in by[("nev", "1", "0")]["error"]
+
+
+def test_each_server_is_warmed_at_every_concurrency_under_every_arm_before_any_level(tmp_path):
+    """A fresh server's first level at a concurrency pays for kernels compiled on first use: the
+    sweep first sends each server an unmeasured burst at every concurrency each of its arms has
+    left, under that arm's policy, and a resumed run warms only what is left."""
+    res = run_sweep(parse_config(_data(SHARED, warm_servers=True, repeats=1)), run_id="w", runs_dir=tmp_path,
+                    progress=False)
+    assert not res.failed and res.rows == 8
+    log = (tmp_path / "w" / "sweep.log").read_text()
+    warmed = [line.split("arm ")[1].split(": server warmed at C=") for line in log.splitlines()
+              if "server warmed at" in line]
+    assert [(a, c.split(" ")[0]) for a, c in warmed] == [
+        (a, c) for a in ("plain", "gp", "nev", "alw") for c in ("1", "8")]
+    assert all("(8 of 8 requests answered)" in line or "(1 of 1 requests answered)" in line
+               for line in log.splitlines() if "server warmed at" in line)
+    first_level = log.index("plain_c1_r0")
+    assert log.rindex("server warmed at") < first_level  # every burst before the first measured level
+    rows = rows_of(tmp_path / "w")
+    assert all(r["completed"] == "8" for r in rows)  # the bursts are not counted in any level
+    # a resumed run with one level left warms that level's arm at that concurrency only
+    path = tmp_path / "w" / "results.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))
+    res = run_sweep(parse_config(_data(SHARED, warm_servers=True, repeats=1)), run_id="w", runs_dir=tmp_path,
+                    resume=True, progress=False)
+    log2 = (tmp_path / "w" / "sweep.log").read_text()[len(log):]
+    last = lines[-1].split(",")
+    assert [line.split("arm ")[1].split(" (")[0] for line in log2.splitlines() if "server warmed at" in line] == \
+        [f"{last[1]}: server warmed at C={last[5]}"]

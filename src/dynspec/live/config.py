@@ -240,6 +240,10 @@ class SweepConfig(StrictModel):
     output_len: int = Field(field_default(Workload, "output_len"), ge=1, le=MAX_TOKENS)
     prompts: Prompts = Prompts()
     warmup_requests: int = Field(2, ge=0, le=MAX_PROMPTS)
+    # Live: once every server is up, a short unmeasured burst at each concurrency of its levels, under each
+    # of its arms' policies, so no measured level is a fresh process's first at its shapes (a cold
+    # server's first level at C=64 stalled 3.5 s longer than the same level warm, on one H100).
+    warm_servers: bool = True
     repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     seed: int = 0
     timeouts: Timeouts = Timeouts()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dynspec.live.servers import ArmServer
 
 log = logging.getLogger("dynspec.live.sweep")
+WARM_TOKENS = 16  # output tokens of a warm-up burst's requests: every decode shape, few steps
 
 
 def level_seed(seed: int, level: Level | int, repeat: int) -> int:
@@ -113,6 +114,7 @@ class _Sweep:
         if not self.start_server(arm, pending):
             return
         try:
+            self.warm_servers([arm], [(arm, lv) for lv, _ in pending])
             for i, (lv, r) in enumerate(pending):
                 if not self.measure_on(arm, lv, r, pending[i:]):
                     break
@@ -143,6 +145,7 @@ class _Sweep:
                     if a is not h and self.host_of(a) is h:
                         self.fail_levels(a, left(a), f"server not started: the server of arm {h.name} did not start")
                 todo = [t for t in todo if self.host_of(t[0]) is not h]
+        self.warm_servers(up, [(a, lv) for a, lv, _ in todo])
         order_of = [a for a in cfg.arms if self.host_of(a) in up]
         for r in range(cfg.repeats):
             order = order_of if r % 2 == 0 else order_of[::-1]
@@ -158,6 +161,37 @@ class _Sweep:
                     self.stop_servers(host.name)
         for arm, lv, r in todo:  # arms whose shared server died before these levels
             self.fail_levels(arm, [(lv, r)], f"server of arm {self.host_of(arm).name} exited before this level")
+
+    def warm_servers(self, hosts: list, todo: list) -> None:
+        """Live (warm_servers): on each server just started, for each arm it measures and each
+        concurrency that arm has left, one closed-loop burst of that many requests of at most
+        WARM_TOKENS output tokens, not measured.  A fresh process compiles kernels for each new
+        batch and prefill shape on first use; without this the first level at each concurrency pays
+        for it, and with several arms on one server, whichever arm comes first."""
+        from dynspec.live.bench import Prompt, build_prompts, run_level
+
+        cfg = self.cfg
+        if self.backend != "live" or not cfg.warm_servers:
+            return
+        for host in hosts:
+            server = self.servers.get(host.name)
+            arms: list = []
+            for a, _ in todo:
+                if self.host_of(a) is host and not any(a is x for x in arms):
+                    arms.append(a)
+            for arm in arms:
+                if cfg.driver_for(arm, self.backend) != "dynspec" or server is None or not server.alive():
+                    continue
+                self.server = server
+                if server.name in self.control_spec:
+                    self.set_policy(server.name, arm.env["DYNSPEC_POLICY"])
+                for c in sorted({lv.concurrency for a, lv in todo if a is arm and lv.concurrency > 0}):
+                    ps = build_prompts(cfg.prompts, c, cfg.input_len, cfg.output_len, cfg.seed + 104729 + c)
+                    ps = [Prompt(min(p.output_len, WARM_TOKENS), p.input_ids, p.text) for p in ps]
+                    w = run_level(server.base_url, ps, c, **self._common(arm), level_timeout=cfg.timeouts.level_s)
+                    log.info("arm %s: server warmed at C=%d (%d of %d requests answered)", arm.name, c,
+                             len(ps) - w.failed, len(ps))
+        self.server = None
 
     def host_of(self, arm):
         """The arm whose server measures `arm`: a shared one live, its own on the emulator."""

@@ -69,6 +69,21 @@ class StepTimes(PrefillAccount):
             t[b] = tl + (th - tl) * (mids[b] - mids[lo]) / (mids[hi] - mids[lo])
             seeded[b] = True
 
+    def _ceiling(self, b: int) -> float | None:
+        """The most a steady plain step in bucket b can cost: no more than a plain step at a
+        larger batch (the nearest bucket above that measured one), nor than a speculative step of
+        its bucket (a subset of its work).  A first sample above that is a stall (a kernel
+        compiled for a new shape, a cold server's first drain), not the step's cost; taken whole
+        it would price the bucket, and through borrowing every bucket below it, for as long as
+        plain steps are not run there again.  (Speculative steps of different buckets may run
+        different draft lengths: no such bound between them.)"""
+        t, seeded = self.t_est[0], self._seeded[0]
+        cap = next((t[i] for i in range(b + 1, len(t)) if t[i] is not None and not seeded[i]), None)
+        ts = self.t_est[1][b]
+        if ts is not None and not self._seeded[1][b] and (cap is None or ts < cap):
+            cap = ts
+        return cap
+
     def _end_switch(self) -> None:
         """The switch under way is over: what its aftermath cost beyond its steps' own."""
         d, n = self._sw_dir, self._sw_n
@@ -96,6 +111,9 @@ class StepTimes(PrefillAccount):
         prev, ts = self.t_est[kind][b], self.t_est[1][b]
         if prev is not None and t > self.STALL_MAX * prev:  # one stalled step (a kernel compiled on
             t = self.STALL_MAX * prev  # first use) is no measure of a mode: it counts as a doubling
+        cap = self._ceiling(b) if kind == 0 and self.profile is None else None  # (a profile's priors bound it)
+        if cap is not None and t > cap:
+            t = cap
         # A borrowed time gives way to a measured one, and so does a plain time above the spec
         # one: a state no machine is in (see _times), left by an outlier such as a warm-up step.
         seen = self._t_seen[kind]
