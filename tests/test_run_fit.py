@@ -132,3 +132,31 @@ def test_the_prefill_is_the_servers_own_timing_where_a_scrape_carries_it(run_dir
     assert spec.prefill.per_token_ms == pytest.approx(14.0 / 512, rel=1e-3)
     assert any("patched servers' own timing" in a for a in spec.assumptions)
     assert spec_from_run(run_dir).prefill.per_token_ms != pytest.approx(14.0 / 512, rel=0.05)
+
+
+def test_a_run_of_varied_lengths_and_few_prompts_is_fitted_on_its_own_workload(tmp_path):
+    """A run whose random prompts vary in length (output_lens: range) and whose levels hold
+    prompts_per_client x C requests: the fit simulates those lengths and level sizes, not a fixed
+    length and max(5C, 50) requests, or its step times answer another workload than the one
+    measured (on one H100 the simulator's own plain arm came back 0.83-0.93 of live)."""
+    data = yaml.safe_load((ROOT / "configs" / "ci-tiny.yaml").read_text())
+    data.update(backend="sim", concurrency=[1, 8, 32], input_len=512, output_len=128, prompts_per_client=2,
+                min_prompts=8, prompts={"source": "random", "output_lens": "range", "range_ratio": 0.25})
+    data.pop("num_prompts", None)
+    data["arms"][1]["launch"] = ["python", "-m", "sglang.launch_server", "--speculative-num-steps", "3"]
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    from dynspec.live.config import load_config
+
+    run = run_sweep(load_config(cfg), run_id="varied", runs_dir=tmp_path / "runs", progress=False, backend="sim")
+    spec = spec_from_run(run.run_dir)
+    w = spec.workload
+    assert (w.range_ratio, w.prompts_per_client, w.min_prompts, w.num_prompts) == (0.25, 2, 8, None)
+    assert any("uniform in [0.25 x, 1 x] 512 / 128" in a for a in spec.assumptions)
+    out = tmp_path / "fitted.yaml"
+    assert main(["fit", "--from-run", str(run.run_dir), "--out", str(out)]) == 0
+    fitted, source = load_profile(out), load_profile("seed-blackwell")
+    [table] = fitted.steps
+    for bs, plain, spec_ms in zip(table.batch_size, table.plain_ms, table.spec_ms):  # fixed lengths: 1.10-1.12
+        assert plain == pytest.approx(1000 * source.plain_time(bs), rel=0.05), bs
+        assert spec_ms == pytest.approx(1000 * source.spec_time(bs), rel=0.05), bs

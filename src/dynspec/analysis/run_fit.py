@@ -120,8 +120,15 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     prefill_ms = ttft if timed is None else timed
     run_id = run_dir.name
     prompts = config.num_prompts or f"max({config.prompts_per_client}C, {config.min_prompts})"
+    # Lengths as the run drew them where the fit can draw them too (random prompts); a file's are its own.
+    pc = config.prompts
+    ratio = pc.range_ratio if pc.source == "random" and pc.output_lens == "range" else 1.0
+    lengths = (f"{input_len} input / {output_len} output tokens" if ratio >= 1.0 else
+               f"input and output tokens uniform in [{ratio:g} x, 1 x] {input_len} / {output_len}, as the run drew them")
+    if pc.source != "random" and pc.output_lens != "fixed":
+        lengths += f" (the run's {pc.source} prompts' own lengths are not modelled)"
     assumptions = [
-        f"workload as the run's config: {input_len} input / {output_len} output tokens, "
+        f"workload as the run's config: {lengths}, "
         f"{prompts} prompts per level, closed-loop clients",
         (f"acceptance: accept length {accept_length:.3f}, "
          + ("given on the command line" if accept_given else "the mean over the eagle3 arm's levels")
@@ -144,7 +151,8 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         acceptance=Acceptance(accept_length=round(accept_length, 4)),
         prefill=Prefill(fixed_ms=0.0, per_token_ms=round(prefill_ms / input_len, 6)),
         workload=Workload(input_len=input_len, output_len=output_len, num_prompts=config.num_prompts,
-                          seed=config.seed),
+                          prompts_per_client=config.prompts_per_client, min_prompts=config.min_prompts,
+                          range_ratio=ratio, seed=config.seed),
         targets=[Target(concurrency=int(c), baseline=round(tput[baseline_arm][c], 3),
                         eagle3=round(tput[eagle3_arm][c], 3)) for c in levels],
         catch_up_fraction=catch_up_fraction, assumptions=assumptions,

@@ -52,8 +52,29 @@ class Workload(Model):
 
     input_len: int = Field(field_default(models.Workload, "input_len"), ge=1)
     output_len: int = Field(field_default(models.Workload, "output_len"), ge=1)
-    num_prompts: int | None = Field(None, ge=1)  # default: models.Workload.prompts_at, max(5*C, 50), as dynspec sim
+    num_prompts: int | None = Field(None, ge=1)  # default: max(prompts_per_client*C, min_prompts)
+    prompts_per_client: int = Field(field_default(models.Workload, "prompts_per_client"), ge=1)
+    min_prompts: int = Field(field_default(models.Workload, "min_prompts"), ge=1)
+    # Lengths uniform in [range_ratio x len, len], input and output, drawn as a sweep's random prompts
+    # of the level's first repeat are (1: every request input_len / output_len).
+    range_ratio: float = Field(1.0, gt=0, le=1)
     seed: int = 0
+
+    def level(self, concurrency: int) -> dict:
+        """simulate_level's workload arguments at one closed-loop level."""
+        n = self.num_prompts or max(self.prompts_per_client * concurrency, self.min_prompts)
+        if self.range_ratio >= 1.0:
+            return dict(num_prompts=n, input_len=self.input_len, output_len=self.output_len, seed=self.seed)
+        import random
+
+        from dynspec.live.prompts import draw_lengths
+        from dynspec.live.sweep_runner import level_seed
+
+        seed = level_seed(self.seed, concurrency, 0)
+        rng = random.Random(f"lengths-{seed}")  # as random_prompts draws them
+        ins = draw_lengths(rng, n, self.input_len, self.range_ratio)
+        outs = draw_lengths(rng, n, self.output_len, self.range_ratio)
+        return dict(lengths=list(zip(ins, outs)), seed=seed)
 
 
 class FitSpec(Model):
@@ -174,8 +195,7 @@ def simulate_targets(profile: Profile, spec: FitSpec) -> dict[tuple[str, int], f
     out = {}
     for t in spec.targets:
         for arm in ("baseline", "eagle3"):
-            metrics, _ = simulate_level(profile, arm, t.concurrency, num_prompts=w.num_prompts,
-                                        input_len=w.input_len, output_len=w.output_len, seed=w.seed)
+            metrics, _ = simulate_level(profile, arm, t.concurrency, **w.level(t.concurrency))
             out[(arm, t.concurrency)] = metrics["output_throughput"]
     return out
 
