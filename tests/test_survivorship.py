@@ -101,7 +101,7 @@ def test_between_requests_that_differ_a_share_of_speculative_steps_beats_both_mo
     # while a share f of steps speculate holds requests in proportion to 1 / (1 + f (m - 1)):
     # output over time peaks at f = 0.2 (1.020 of the plain server, 1.018 at f = 1/8; exact over
     # the Beta spread), so goodput stays plain and probes as often as it may (1 in PROBE_MIN).
-    from dynspec.live.prompts import draw_lengths
+    from dynspec.sim.lengths import draw_lengths
 
     machine, c = _unlike_requests_machine(), 32
     lengths = [(128, o) for o in draw_lengths(random.Random(3), 640, 256, 0.5)]

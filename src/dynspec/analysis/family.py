@@ -204,7 +204,7 @@ def level_requests(m: Member, c: int, range_ratio: float = 1.0, level_scale: int
     """simulate_level's request arguments for member m at concurrency c: level_scale x max(5C, 50)
     requests of the member's lengths, or with range_ratio < 1 output lengths drawn in
     [range_ratio x, 1 x] the member's, seeded by member and level (the same draws on every call)."""
-    from dynspec.live.prompts import draw_lengths
+    from dynspec.sim.lengths import draw_lengths
     from dynspec.sim.run import default_num_prompts
 
     n = level_scale * default_num_prompts(c)

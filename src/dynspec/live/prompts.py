@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.io.jsonl import read_json, read_jsonl, read_text
+from dynspec.sim.lengths import draw_lengths, level_lengths
 
 SOURCES = ("random", "jsonl", "sharegpt", "mtbench")
 
@@ -56,12 +57,6 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode("utf-8")) / 4))
 
 
-def draw_lengths(rng: random.Random, n: int, length: int, ratio: float) -> list[int]:
-    """n lengths uniform in [max(1, int(length * ratio)), length] (bench_serving's range ratio)."""
-    lo = max(1, int(length * ratio))
-    return [length if lo >= length else rng.randint(lo, length) for _ in range(n)]
-
-
 def prompt_classes(n: int, k: int, order: str) -> list[int]:
     """The id class of each of n prompts over k classes: in turn prompt by prompt (interleaved), or
     in k consecutive blocks as equal as n allows (in_turn)."""
@@ -83,8 +78,7 @@ def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int =
     if range_ratio >= 1.0:
         ins, outs = [input_len] * n, [output_len] * n
     else:
-        lens = random.Random(f"lengths-{seed}")
-        ins, outs = draw_lengths(lens, n, input_len, range_ratio), draw_lengths(lens, n, output_len, range_ratio)
+        ins, outs = map(list, zip(*level_lengths(seed, n, input_len, output_len, range_ratio)))
     return [Prompt(o, input_ids=tuple(rng.randrange(*ranges[c]) for _ in range(i)))
             for i, o, c in zip(ins, outs, classes)]
 

@@ -17,6 +17,7 @@ from dynspec.live.config import Level, SweepConfig, level_name
 from dynspec.live.run_folder import _now, _Run
 from dynspec.live.server_info import dynspec_state
 from dynspec.sglang.policy_control import ENV_POLICY_CONTROL, POLL_INTERVAL_S
+from dynspec.sim.lengths import closed_level_seed
 from dynspec.results import EMULATOR_LAG_LIMIT, ResultsWriter, make_row, read_rows, summarize
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def level_seed(seed: int, level: Level | int, repeat: int) -> int:
     """Prompts (and arrivals) differ per level and repeat (no prefix-cache reuse) but are the same
     for every arm."""
     level = Level(level) if isinstance(level, int) else level
-    base = seed * 1_000_003 + level.concurrency * 1009 + repeat
+    base = closed_level_seed(seed, level.concurrency, repeat)
     return base if level.closed else base + 7919 * round(level.rate * 1000) + 104_729
 
 

@@ -31,6 +31,7 @@ from dynspec.sim.profile import (
     dump_profile,
 )
 from dynspec.io.typed_yaml import parse_model, read_yaml
+from dynspec.sim.lengths import closed_level_seed, level_lengths
 
 
 class Target(Model):
@@ -65,16 +66,8 @@ class Workload(Model):
         n = self.num_prompts or max(self.prompts_per_client * concurrency, self.min_prompts)
         if self.range_ratio >= 1.0:
             return dict(num_prompts=n, input_len=self.input_len, output_len=self.output_len, seed=self.seed)
-        import random
-
-        from dynspec.live.prompts import draw_lengths
-        from dynspec.live.sweep_runner import level_seed
-
-        seed = level_seed(self.seed, concurrency, 0)
-        rng = random.Random(f"lengths-{seed}")  # as random_prompts draws them
-        ins = draw_lengths(rng, n, self.input_len, self.range_ratio)
-        outs = draw_lengths(rng, n, self.output_len, self.range_ratio)
-        return dict(lengths=list(zip(ins, outs)), seed=seed)
+        seed = closed_level_seed(self.seed, concurrency, 0)  # the level's first repeat, as a sweep draws it
+        return dict(lengths=level_lengths(seed, n, self.input_len, self.output_len, self.range_ratio), seed=seed)
 
 
 class FitSpec(Model):
