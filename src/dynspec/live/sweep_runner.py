@@ -180,14 +180,15 @@ class _Sweep:
             for a, _ in todo:
                 if self.host_of(a) is host and not any(a is x for x in arms):
                     arms.append(a)
-            for arm in arms:
+            for j, arm in enumerate(arms):
                 if cfg.driver_for(arm, self.backend) != "dynspec" or server is None or not server.alive():
                     continue
                 self.server = server
                 if server.name in self.control_spec:
                     self.set_policy(server.name, arm.env["DYNSPEC_POLICY"])
                 for c in sorted({lv.concurrency for a, lv in todo if a is arm and lv.concurrency > 0}):
-                    ps = build_prompts(cfg.prompts, c, cfg.input_len, cfg.output_len, cfg.seed + 104729 + c)
+                    # prompts of each arm's own: on a shared server no arm's burst finds another's cached
+                    ps = build_prompts(cfg.prompts, c, cfg.input_len, cfg.output_len, cfg.seed + 104729 + c + 7919 * j)
                     ps = [Prompt(min(p.output_len, WARM_TOKENS), p.input_ids, p.text) for p in ps]
                     w = run_level(server.base_url, ps, c, **self._common(arm), level_timeout=cfg.timeouts.level_s)
                     log.info("arm %s: server warmed at C=%d (%d of %d requests answered)", arm.name, c,
