@@ -78,7 +78,8 @@ def random_prompts(n: int, input_len: int, output_len: int, *, vocab_size: int =
     if range_ratio >= 1.0:
         ins, outs = [input_len] * n, [output_len] * n
     else:
-        ins, outs = map(list, zip(*level_lengths(seed, n, input_len, output_len, range_ratio)))
+        pairs = level_lengths(seed, n, input_len, output_len, range_ratio)
+        ins, outs = [i for i, _ in pairs], [o for _, o in pairs]
     return [Prompt(o, input_ids=tuple(rng.randrange(*ranges[c]) for _ in range(i)))
             for i, o, c in zip(ins, outs, classes)]
 
