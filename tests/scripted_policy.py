@@ -11,6 +11,7 @@ class Scripted(Policy):
         self.requests_up_to, self.batches = requests_up_to, []
         self.wants = wants  # ask for a speculative step's ids above requests_up_to too
         self.prefills = []  # (requests, tokens, seconds) per note_prefill
+        self.idle = []  # whether each came on an idle server
 
     def set_batch(self, requests):
         self.batches.append(None if requests is None else list(requests))
@@ -24,8 +25,9 @@ class Scripted(Policy):
     def observe(self, rec):
         self.records.append(rec)
 
-    def note_prefill(self, requests, tokens, seconds=None):
+    def note_prefill(self, requests, tokens, seconds=None, idle=False):
         self.prefills.append((requests, tokens, seconds))
+        self.idle.append(idle)
 
     def reason(self, batch_size):
         return f"because {batch_size}"

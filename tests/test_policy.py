@@ -1029,3 +1029,33 @@ def test_a_stall_on_a_cold_servers_first_drain_does_not_price_the_buckets_below(
     for b in range(bucket_of(31)):  # nothing below carries the stall
         tp = p.t_est[0][b]
         assert tp is None or tp < 1.5 * plain_31
+
+
+
+
+def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
+    """Live on one H100 (crafted 8B weights), bursts of 16-token requests warmed the server:
+    each burst's first prompt was prefilled on an idle server (25-40 ms from launch, waking
+    included) while goodput speculated at batch 1, the rest in busy forwards of 60-90 prompts
+    (1-2 ms a prompt) while it decoded plain.  Counted whole, the idle forwards priced
+    speculation's prefills at 30 ms a prompt against plain's 2.5, in every level after (goodput
+    kept 0.71-0.91 of EAGLE-3 at C = 4-16 in that round).  A forward launched on an idle server
+    takes a whole forward's latency in either mode, and goodput speculates where loads go idle:
+    what a mode adds to prefills is read from forwards launched while decoding."""
+    def warmed(idle_flag: bool) -> dict:
+        p = Goodput()
+        p._choose = lambda b, batch_size: batch_size == 1  # the warm-up's modes, as live
+        for _ in range(8):
+            for _ in range(16):
+                d = p.decide(1)
+                p.observe(StepRecord(1, d, (1,) if d else (), 0.0095))
+            p.note_prefill(1, 100, 0.030, idle_flag)
+            for _ in range(16):
+                d = p.decide(63)
+                p.observe(StepRecord(63, d, (), 0.012))
+            p.note_prefill(63, 6300, 0.120)
+        return p.prefill_estimates()["overhead_ms_per_request"]
+
+    fixed = warmed(idle_flag=True)
+    assert fixed["spec"] == pytest.approx(fixed["plain"]) and fixed["plain"] < 3.0
+    assert warmed(idle_flag=False)["spec"] > 25.0  # the same forwards counted whole

@@ -400,6 +400,7 @@ def test_a_prefill_is_timed_apart_from_the_decode_steps():
     clock.t += 0.010
     ctl.observe(1, False)
     assert policy.prefills == [(4, 1600, None), (1, 400, pytest.approx(0.050)), (1, 400, pytest.approx(0.030))]
+    assert policy.idle == [False, False, True]  # only the one launched after the pause: a whole forward
     # the decode step after the idle prompt: its interval, marked as holding a prefill's launch
     assert [r.step_time_s for r in policy.records] == [pytest.approx(0.010), pytest.approx(0.010), pytest.approx(0.010)]
     assert [r.clean for r in policy.records] == [True, True, False]

@@ -130,25 +130,30 @@ def test_a_shared_server_that_dies_fails_the_rest_of_every_arm_on_it_once(tmp_pa
     assert "server exited with code -9" in by[("nev", "1", "0")]["error"]
 
 
-def test_each_server_is_warmed_at_every_concurrency_under_every_arm_before_any_level(tmp_path):
+def test_each_server_is_warmed_at_every_concurrency_before_any_level(tmp_path):
     """A fresh server's first level at a concurrency pays for kernels compiled on first use: the
-    sweep first sends each server an unmeasured burst at every concurrency each of its arms has
-    left, under that arm's policy, and a resumed run warms only what is left."""
+    sweep first sends each server an unmeasured burst at every concurrency its arms have left.
+    A server whose policies take turns is warmed under never and always (both modes' shapes),
+    never under goodput, which would learn bursts of short requests as the workload; a resumed
+    run warms only what is left."""
     res = run_sweep(parse_config(_data(SHARED, warm_servers=True, repeats=1)), run_id="w", runs_dir=tmp_path,
                     progress=False)
     assert not res.failed and res.rows == 8
     log = (tmp_path / "w" / "sweep.log").read_text()
-    warmed = [line.split("arm ")[1].split(": server warmed at C=") for line in log.splitlines()
-              if "server warmed at" in line]
-    assert [(a, c.split(" ")[0]) for a, c in warmed] == [
-        (a, c) for a in ("plain", "gp", "nev", "alw") for c in ("1", "8")]
+    warmed = [line.split("INFO ")[1].split(" (")[0] for line in log.splitlines() if "warmed at" in line]
+    assert warmed == ["arm plain: server warmed at C=1", "arm plain: server warmed at C=8"] + [
+        f"server gp: warmed at C={c} under {spec}" for spec in ("never", "always") for c in (1, 8)]
     assert all("(8 of 8 requests answered)" in line or "(1 of 1 requests answered)" in line
-               for line in log.splitlines() if "server warmed at" in line)
+               for line in log.splitlines() if "warmed at" in line)
     first_level = log.index("plain_c1_r0")
-    assert log.rindex("server warmed at") < first_level  # every burst before the first measured level
+    assert log.rindex("warmed at") < first_level  # every burst before the first measured level
     rows = rows_of(tmp_path / "w")
     assert all(r["completed"] == "8" for r in rows)  # the bursts are not counted in any level
-    # a resumed run with one level left warms that level's arm at that concurrency only
+    # the server ran the bursts under never, then always: goodput (its launch policy) was swapped
+    # out before it decided a step, and its first level starts from nothing the bursts taught
+    before = json.loads((tmp_path / "w" / "scrapes" / "gp_c1_r0.json").read_text())["before"]["server_info"]
+    assert (dynspec_state(before)["policy"], dynspec_state(before)["policy_swaps"]) == ("always", 2)
+    # a resumed run with one level left warms that level's server at that concurrency only
     path = tmp_path / "w" / "results.csv"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:-1]))
@@ -156,5 +161,8 @@ def test_each_server_is_warmed_at_every_concurrency_under_every_arm_before_any_l
                     resume=True, progress=False)
     log2 = (tmp_path / "w" / "sweep.log").read_text()[len(log):]
     last = lines[-1].split(",")
-    assert [line.split("arm ")[1].split(" (")[0] for line in log2.splitlines() if "server warmed at" in line] == \
-        [f"{last[1]}: server warmed at C={last[5]}"]
+    again = [line.split("INFO ")[1].split(" (")[0] for line in log2.splitlines() if "warmed at" in line]
+    if last[1] == "plain":
+        assert again == [f"arm plain: server warmed at C={last[5]}"]
+    else:
+        assert again == [f"server gp: warmed at C={last[5]} under {s}" for s in ("never", "always")]

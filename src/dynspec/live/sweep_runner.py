@@ -164,13 +164,14 @@ class _Sweep:
             self.fail_levels(arm, [(lv, r)], f"server of arm {self.host_of(arm).name} exited before this level")
 
     def warm_servers(self, hosts: list, todo: list) -> None:
-        """Live (warm_servers): on each server just started, for each arm it measures and each
-        concurrency that arm has left, one closed-loop burst of that many requests of at most
-        WARM_TOKENS output tokens, not measured.  A fresh process compiles kernels for each new
-        batch and prefill shape on first use; without this the first level at each concurrency pays
-        for it, and with several arms on one server, whichever arm comes first."""
-        from dynspec.live.bench import Prompt, build_prompts, run_level
-
+        """Live (warm_servers): on each server just started, for each concurrency its arms have
+        left, one closed-loop burst of that many requests of at most WARM_TOKENS output tokens,
+        not measured.  A fresh process compiles kernels for each new batch and prefill shape on
+        first use; without this the first level at each concurrency pays for it, and with several
+        arms on one server, whichever arm comes first.  A server whose policies take turns
+        (DYNSPEC_POLICY_CONTROL) is warmed under `never` and `always`, both modes' shapes, and
+        never under an adaptive arm's policy: bursts of short requests in step are not the
+        workload, and a policy that learns the workload would carry them into its first levels."""
         cfg = self.cfg
         if self.backend != "live" or not cfg.warm_servers:
             return
@@ -178,22 +179,34 @@ class _Sweep:
             server = self.servers.get(host.name)
             arms: list = []
             for a, _ in todo:
-                if self.host_of(a) is host and not any(a is x for x in arms):
+                if self.host_of(a) is host and not any(a is x for x in arms) \
+                        and cfg.driver_for(a, self.backend) == "dynspec":
                     arms.append(a)
+            if server is None or not server.alive() or not arms:
+                continue
+            self.server = server
+            if server.name in self.control_spec:
+                concs = sorted({lv.concurrency for a, lv in todo if any(a is x for x in arms) and lv.concurrency > 0})
+                for j, spec in enumerate(("never", "always")):
+                    self.set_policy(server.name, spec)
+                    for c in concs:
+                        self._burst(arms[0], c, j, f"server {server.name}: warmed at C={c} under {spec}")
+                continue
             for j, arm in enumerate(arms):
-                if cfg.driver_for(arm, self.backend) != "dynspec" or server is None or not server.alive():
-                    continue
-                self.server = server
-                if server.name in self.control_spec:
-                    self.set_policy(server.name, arm.env["DYNSPEC_POLICY"])
                 for c in sorted({lv.concurrency for a, lv in todo if a is arm and lv.concurrency > 0}):
-                    # prompts of each arm's own: on a shared server no arm's burst finds another's cached
-                    ps = build_prompts(cfg.prompts, c, cfg.input_len, cfg.output_len, cfg.seed + 104729 + c + 7919 * j)
-                    ps = [Prompt(min(p.output_len, WARM_TOKENS), p.input_ids, p.text) for p in ps]
-                    w = run_level(server.base_url, ps, c, **self._common(arm), level_timeout=cfg.timeouts.level_s)
-                    log.info("arm %s: server warmed at C=%d (%d of %d requests answered)", arm.name, c,
-                             len(ps) - w.failed, len(ps))
+                    self._burst(arm, c, j, f"arm {arm.name}: server warmed at C={c}")
         self.server = None
+
+    def _burst(self, arm, c: int, j: int, what: str) -> None:
+        """One warm-up burst of c requests on self.server; j keeps each burst's prompts its own,
+        so that on a shared server no burst finds another's prompts cached."""
+        from dynspec.live.bench import Prompt, build_prompts, run_level
+
+        cfg, server = self.cfg, self._measured()
+        ps = build_prompts(cfg.prompts, c, cfg.input_len, cfg.output_len, cfg.seed + 104729 + c + 7919 * j)
+        ps = [Prompt(min(p.output_len, WARM_TOKENS), p.input_ids, p.text) for p in ps]
+        w = run_level(server.base_url, ps, c, **self._common(arm), level_timeout=cfg.timeouts.level_s)
+        log.info("%s (%d of %d requests answered)", what, len(ps) - w.failed, len(ps))
 
     def host_of(self, arm):
         """The arm whose server measures `arm`: a shared one live, its own on the emulator."""

@@ -79,10 +79,12 @@ class Policy:
     def observe(self, rec: StepRecord) -> None:
         pass
 
-    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
         """A prefill (extend) forward ran between decode steps: `requests` whose prompts it
         finished and `tokens` prompt tokens (both rank-identical), taking `seconds` (local wall
-        time, not rank-consistent; None when unmeasured)."""
+        time, not rank-consistent; None when unmeasured).  `idle`: it was launched on a server
+        with nothing in flight, so `seconds` is the whole forward's latency, not what it added to
+        decoding."""
 
     def reason(self, batch_size: int) -> str:
         """Why the current mode; called only when the mode switches."""

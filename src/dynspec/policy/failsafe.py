@@ -77,8 +77,8 @@ class FailSafePolicy(Policy):
     def observe(self, rec: StepRecord) -> None:
         self._guarded("observe", self.inner.observe, rec)
 
-    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
-        self._guarded("note_prefill", lambda a: self.inner.note_prefill(*a), (requests, tokens, seconds))
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
+        self._guarded("note_prefill", lambda a: self.inner.note_prefill(*a), (requests, tokens, seconds, idle))
 
     def reason(self, batch_size: int) -> str:
         if self.failed:

@@ -354,7 +354,8 @@ class Controller(TPAgreement):
         launch when that came later (after an idle pause), to now; the next decode step's
         interval starts here."""
         start = self._last_obs_t
-        if start is not None and self._other_launched is not None and self._other_launched > start:
+        idle = start is not None and self._other_launched is not None and self._other_launched > start
+        if idle:
             start = self._other_launched
         seconds = self._interval(start)
         self.prefills += 1
@@ -362,7 +363,7 @@ class Controller(TPAgreement):
         if self.trace is not None:
             self.trace.add("F", requests, tokens)
         if not self.fallback:
-            self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None)
+            self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None, idle)
 
     def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = (),
                 reqs: Sequence | None = None, steps: int | None = None) -> None:

@@ -326,14 +326,14 @@ class Engine:
                 break  # chunked: the rest of this prompt goes in the next prefill step
             self.waiting.popleft()
             done.append(req)
-        start = self.clock
+        start, idle = self.clock, not self.running
         duration = self.profile.prefill.time_s(tokens)
         self.clock = end = start + duration
         finished: list[Request] = []
         for req in done:
             self._emit_first(req, end, finished)
         if self.policy is not None:
-            self.policy.note_prefill(len(done), tokens, duration)
+            self.policy.note_prefill(len(done), tokens, duration, idle)
         st = self.stats
         st.steps_prefill += 1
         st.prompt_tokens += tokens

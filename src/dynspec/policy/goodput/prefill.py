@@ -129,10 +129,13 @@ class PrefillAccount(AcceptanceEstimates):
         self._lock = n >= 2.0 * e
         self._lead_now = self.lead_apart + (self.lead - self.lead_apart) * min(max(n / e - 1.0, 0.0), 1.0)
 
-    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None) -> None:
+    def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
         self._after_pf = True
-        if seconds is not None and self.use_times and seconds > 0.0:
+        if seconds is not None and self.use_times and seconds > 0.0 and not idle:
             # The forward's whole interval is beyond the decode steps: the mode in force pays it.
+            # Not after an idle pause: a whole forward's latency (waking included) that either
+            # mode pays alike, and goodput speculates where loads are light enough to go idle,
+            # so counting it would price the mode by the load it ran at, not by what it does.
             self._overhead(self._window & 1, seconds, requests)
         g, w = self._per_prefill, self.PF_WEIGHT
         self._refilled = self._refilled or self._emitted > 0.0  # a prompt after decoding began
