@@ -57,3 +57,33 @@ def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         cost_ratio.main([str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_a_traces_prefills_split_by_mode_and_by_an_idle_launch(tmp_path):
+    """A prefill launched on an idle server is timed from its launch (a whole forward); one
+    launched while decoding from the previous result (what it added), as the Controller times them."""
+    lines, t = ["t,kind,batch,count"], 100.0
+    for i in range(20):  # spec steps of 10 ms; every fifth, a busy 1-prompt prefill adding 4 ms
+        lines.append(f"{t:.6f},s,2,0")
+        t += 0.010
+        if i % 5 == 4:
+            lines.append(f"{t - 0.001:.6f},f,0,0")  # launched before the step's result is read
+        lines.append(f"{t:.6f},S,2,2")
+        if i % 5 == 4:
+            t += 0.004
+            lines.append(f"{t:.6f},F,1,100")
+    t += 0.3  # the server goes idle; a prompt is launched and takes 30 ms
+    lines.append(f"{t:.6f},f,0,0")
+    t += 0.030
+    lines.append(f"{t:.6f},F,1,100")
+    for _ in range(5):
+        lines.append(f"{t:.6f},s,1,0")
+        t += 0.010
+        lines.append(f"{t:.6f},S,1,1")
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join(lines) + "\n")
+    (seg,) = cost_ratio.prefill_split(path)
+    assert seg["busy_spec_prompts"] == 4 and seg["idle_spec_prompts"] == 1
+    assert seg["busy_spec_ms"] == pytest.approx(4.0, abs=1.1) and seg["idle_spec_ms"] == pytest.approx(30.0)
+    assert seg["busy_plain_ms"] is None
+    assert cost_ratio.main(["--trace", str(path), "--prefills"]) == 0

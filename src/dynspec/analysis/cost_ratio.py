@@ -8,7 +8,7 @@ other for every level of a run, and splits a patched server's step trace (DYNSPE
 steady steps and the rest.
 
     python -m dynspec.analysis.cost_ratio RUN_DIR [--plain baseline] [--eagle eagle3] [--policy dynspec-goodput]
-    python -m dynspec.analysis.cost_ratio --trace TRACE.csv[.gz]
+    python -m dynspec.analysis.cost_ratio --trace TRACE.csv[.gz] [--prefills]
 """
 
 from __future__ import annotations
@@ -94,6 +94,52 @@ def trace_split(path: Path, gap_s: float = 0.5) -> list[dict]:
     return out
 
 
+def prefill_split(path: Path, gap_s: float = 0.5) -> list[dict]:
+    """A step trace's prefill forwards per busy stretch (cut as trace_split cuts them), by the mode
+    in force and by how each was launched, as the Controller times them: one launched while
+    decoding from the previous result (what it added), one launched on an idle server from its
+    launch (a whole forward's latency).  Milliseconds per prompt."""
+    with _open(path) as f:
+        res = [(float(r["t"]), r["kind"], int(r["batch"])) for r in csv.DictReader(f) if r["kind"] in "SPFf"]
+    out: list[dict] = []
+    sums: dict[str, list[float]] = {}
+    last = launched = None
+    mode, first, batches = "P", None, []
+
+    def close(end: float) -> None:
+        if first is not None and batches:
+            row: dict = {"start_s": first, "batch": statistics.median(batches)}
+            for key in ("busy_spec", "busy_plain", "idle_spec", "idle_plain"):
+                sec, n = sums.get(key, (0.0, 0))
+                row[f"{key}_ms"] = 1000 * sec / n if n else None
+                row[f"{key}_prompts"] = int(n)
+            out.append(row)
+
+    for t, kind, batch in res:
+        if kind == "f":
+            launched = t
+            continue
+        if last is not None and t - last > gap_s:
+            close(last)
+            sums, first, batches = {}, None, []
+        if first is None:
+            first = t
+        if kind == "F":
+            idle = last is not None and launched is not None and launched > last
+            start = launched if idle else last
+            if start is not None and 0.0 < t - start <= 1.0:
+                s = sums.setdefault(f"{'idle' if idle else 'busy'}_{'spec' if mode == 'S' else 'plain'}", [0.0, 0])
+                s[0] += t - start
+                s[1] += batch
+        else:
+            mode = kind
+            batches.append(batch)
+        last = t
+    if last is not None:
+        close(last)
+    return out
+
+
 def _fmt(v) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -105,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eagle", default="eagle3")
     ap.add_argument("--policy", default="dynspec-goodput")
     ap.add_argument("--trace", help="a step trace (DYNSPEC_STEP_TRACE) to split instead")
+    ap.add_argument("--prefills", action="store_true",
+                    help="with --trace: prefill ms per prompt by mode, launched while decoding or on an idle server")
     args = ap.parse_args(argv)
     if args.trace:
         path = Path(args.trace)
         if not path.is_file():
             ap.error(f"--trace {path}: no such file")
-        rows = trace_split(path)
+        rows = prefill_split(path) if args.prefills else trace_split(path)
     elif args.run:
         run = Path(args.run)
         if not (run / "results.csv").is_file():
