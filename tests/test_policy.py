@@ -1031,15 +1031,13 @@ def test_a_stall_on_a_cold_servers_first_drain_does_not_price_the_buckets_below(
         assert tp is None or tp < 1.5 * plain_31
 
 
-
-
 def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
     """Live on one H100 (crafted 8B weights), bursts of 16-token requests warmed the server:
-    each burst's first prompt was prefilled on an idle server (25-40 ms from launch, waking
+    each burst's first prompt was prefilled on an idle server (19-46 ms from launch, waking
     included) while goodput speculated at batch 1, the rest in busy forwards of 60-90 prompts
     (1-2 ms a prompt) while it decoded plain.  Counted whole, the idle forwards priced
     speculation's prefills at 30 ms a prompt against plain's 2.5, in every level after (goodput
-    kept 0.71-0.91 of EAGLE-3 at C = 4-16 in that round).  A forward launched on an idle server
+    kept 0.71-0.87 of EAGLE-3 at C = 4-16 in that round).  A forward launched on an idle server
     takes a whole forward's latency in either mode, and goodput speculates where loads go idle:
     what a mode adds to prefills is read from forwards launched while decoding."""
     def warmed(idle_flag: bool) -> dict:

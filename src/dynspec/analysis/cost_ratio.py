@@ -106,7 +106,7 @@ def prefill_split(path: Path, gap_s: float = 0.5) -> list[dict]:
     last = launched = None
     mode, first, batches = "P", None, []
 
-    def close(end: float) -> None:
+    def close() -> None:
         if first is not None and batches:
             row: dict = {"start_s": first, "batch": statistics.median(batches)}
             for key in ("busy_spec", "busy_plain", "idle_spec", "idle_plain"):
@@ -120,7 +120,7 @@ def prefill_split(path: Path, gap_s: float = 0.5) -> list[dict]:
             launched = t
             continue
         if last is not None and t - last > gap_s:
-            close(last)
+            close()
             sums, first, batches = {}, None, []
         if first is None:
             first = t
@@ -136,7 +136,7 @@ def prefill_split(path: Path, gap_s: float = 0.5) -> list[dict]:
             batches.append(batch)
         last = t
     if last is not None:
-        close(last)
+        close()
     return out
 
 
