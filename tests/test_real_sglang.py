@@ -19,6 +19,7 @@ import json
 import re
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ import pytest
 pytest.importorskip("torch", reason="requirements/sglang-cpu.txt installs the CPU torch")
 pytestmark = pytest.mark.slow
 
-from dynspec.realsglang.arms import Arm, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
+from dynspec.realsglang.arms import Arm, generate, greedy, server_info, shrinking_prompts, start_arms  # noqa: E402
 from dynspec.live.server_info import dynspec_state  # noqa: E402
 from sglang_mutants import CATCH_UP_MUTANTS, MUTANTS, mutant_site  # noqa: E402
 
@@ -42,6 +43,8 @@ FIRST_STEPS = 12
 CYCLE = "cycle:spec=1,plain=2"  # every speculative step follows two plain ones
 ALTERNATE = "cycle:spec=1,plain=1"
 METRICS = ("--enable-metrics",)
+QUIET_S = 0.5  # after a response: the overlap scheduler's one step past the last token is done
+LONG_OUTPUT = 600  # tokens: seconds of decoding on this CPU while three short requests come and go
 
 MUTANT_POLICY = {"mutant-no-prefill-kv": ALTERNATE}  # the others run CYCLE
 
@@ -83,6 +86,8 @@ def runs(tmp_path_factory):
                     snap = server.scrape()
                     out["arms"][name] = {"levels": levels, "info": server_info(server), "metrics": snap.metrics,
                                          "before_first_steps": before, "healthy_after": server.healthy_after}
+                    if name == "patched-goodput":
+                        out["arms"][name]["prefill_launches"] = idle_and_busy_prefills(server, prompts[0])
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
@@ -91,6 +96,37 @@ def runs(tmp_path_factory):
                                 "after": dynspec_state(a["info"])} for name, a in out["arms"].items()}
         (logdir / "counters.json").write_text(json.dumps(counters_seen, indent=1, default=str))
     return out
+
+
+def idle_and_busy_prefills(server, prompt: list[int]) -> dict:
+    """The hook's prefill counters across two phases: three requests one at a time, each sent once
+    the server has gone quiet (every prefill launched idle), then three short requests sent one
+    after another while a long one decodes (launched busy: only the long one's prefill is idle)."""
+    def state():
+        return dynspec_state(server_info(server))
+
+    time.sleep(QUIET_S)
+    marks = [state()]
+    for _ in range(3):
+        generate(server.base_url, prompt, 2)
+        time.sleep(QUIET_S)
+    marks.append(state())
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(generate, server.base_url, prompt, LONG_OUTPUT)
+        deadline = time.monotonic() + 60
+        while state()["steps"] < marks[-1]["steps"] + 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        shorts_done = 0
+        for _ in range(3):
+            generate(server.base_url, prompt, 2)
+            shorts_done += 1
+        still_decoding = not long.done()
+        long.result()
+    marks.append(state())
+    keys = ("prefills", "idle_prefills")
+    return {"quiet": {k: marks[1][k] - marks[0][k] for k in keys},
+            "decoding": {k: marks[2][k] - marks[1][k] for k in keys},
+            "long_outlived_the_shorts": still_decoding and shorts_done == 3}
 
 
 def ids(run, arm, level):
@@ -158,6 +194,16 @@ def test_counters_follow_each_policy(runs):
     acc = good["acceptance_estimates"]
     assert set(acc) == {"between_requests_variance", "requests_compared", "speculating_share"}, acc
     assert 0.0 <= acc["speculating_share"] <= 1.0 and acc["requests_compared"] >= 0, acc
+
+
+def test_only_a_prefill_launched_on_a_quiet_server_is_idle(runs):
+    """goodput charges a prefill's time to the mode in force only when it was launched while
+    requests were decoding (an idle server's prefill is a whole forward either mode pays): on the
+    real scheduler the hook must tell the two apart.  Marking every prefill idle, or none, fails."""
+    seen = runs["arms"]["patched-goodput"]["prefill_launches"]
+    assert seen["quiet"] == {"prefills": 3, "idle_prefills": 3}, seen
+    assert seen["long_outlived_the_shorts"], seen
+    assert seen["decoding"] == {"prefills": 4, "idle_prefills": 1}, seen
 
 
 def test_unset_policy_is_the_upstream_path(runs):

@@ -405,7 +405,7 @@ def test_a_prefill_is_timed_apart_from_the_decode_steps():
     assert [r.step_time_s for r in policy.records] == [pytest.approx(0.010), pytest.approx(0.010), pytest.approx(0.010)]
     assert [r.clean for r in policy.records] == [True, True, False]
     st = ctl.stats()
-    assert (st["prefills"], st["prompts_prefilled"]) == (3, 6)
+    assert (st["prefills"], st["prompts_prefilled"], st["idle_prefills"]) == (3, 6, 1)
     assert st["prefill_estimates"] is None  # a policy that reads none
     ranks = Controller(Scripted([]), spec="s", tp_size=2, sync=None, clock=clock)
     clock.t += 0.01

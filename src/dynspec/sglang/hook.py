@@ -170,6 +170,7 @@ class Controller(TPAgreement):
         self.steps_with_requests = 0  # decisions told which requests the step runs (per-request acceptance)
         self.prefills = 0  # prefill (extend) results the policy was told of (note_prefill)
         self.prompts_prefilled = 0  # requests whose prompts those finished
+        self.idle_prefills = 0  # of those, launched on a server with nothing decoding (not priced)
         self.mode = "spec"  # the server starts speculating, as configured
         self.last_switch: dict | None = None
         self._spec_steps_observed = 0
@@ -360,6 +361,7 @@ class Controller(TPAgreement):
         seconds = self._interval(start)
         self.prefills += 1
         self.prompts_prefilled += requests
+        self.idle_prefills += idle
         if self.trace is not None:
             self.trace.add("F", requests, tokens)
         if not self.fallback:
@@ -420,6 +422,7 @@ class Controller(TPAgreement):
             "steps_with_requests": self.steps_with_requests,
             "prefills": self.prefills,
             "prompts_prefilled": self.prompts_prefilled,
+            "idle_prefills": self.idle_prefills,
             "policy_failed": bool(getattr(self.policy, "failed", False)),
             "fallback": self.fallback,
             "plain_step": self.plain_step_kind,
