@@ -216,6 +216,8 @@ def test_the_adapter_runs_the_step_count_the_policy_answers_among_every_candidat
         (2, 7, True, (7, 3)), (8, 1, True, (1, 1)), (16, 5, True, (4, 4)), (64, 0, False, ())]
     st = a.dynspec_stats()
     assert st["candidate_steps"] == [0, 1, 3, 5, 7] and st["steps_by_k"] == {"0": 1, "1": 1, "5": 1, "7": 1}
+    # each K's own acceptance (drafts accepted, request-steps); a plain step has none
+    assert st["accepted_by_k"] == {"1": [8, 8], "5": [64, 16], "7": [10, 2]}
     assert (st["steps_spec"], st["steps_plain"]) == (3, 1)
 
 

@@ -37,6 +37,10 @@ LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang-0523"  # ig
 N_PROMPTS = 8  # concurrency 8 puts upstream's default tiers at their "8" tier, where steps 0 is a candidate
 LEVELS = (1, 8)
 CYCLE = "cycle:spec=1,plain=2"
+# A server of three states (steps 0, 1, 3), the draft length by batch size: as the C=8 level's batch
+# shrinks 8 -> 1 it runs plain, then three drafts, then one, each stretch after another state's.
+K_STEPS = [0, 1, 3]
+K_TABLE = "table:1-2=1,3-5=3,6-=0"
 ADAPTIVE = ("--speculative-adaptive",)
 
 
@@ -56,6 +60,8 @@ def runs(tmp_path_factory):
     make_models(models)
     cfg = tmp / "adaptive.json"  # dynspec's two states: steps 0 and --speculative-num-steps
     cfg.write_text(json.dumps({"1": {"candidate_steps": [0, 3]}}))
+    cfg_k = tmp / "adaptive-k.json"
+    cfg_k.write_text(json.dumps({"1": {"candidate_steps": K_STEPS}}))
     logdir = LOGS / time.strftime("%Y%m%d-%H%M%S")
     arms = [
         Arm("plain", speculative=False, version=VERSION),
@@ -64,6 +70,8 @@ def runs(tmp_path_factory):
         Arm("dynspec-cycle", patched=True, policy=CYCLE, args=dynspec_args(cfg), version=VERSION),
         Arm("dynspec-cycle-cold", patched=True, policy=CYCLE, args=dynspec_args(cfg), version=VERSION,
             env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1", "DYNSPEC_PLAIN_STEP": "0"}),
+        Arm("dynspec-k-table", patched=True, policy=K_TABLE, args=dynspec_args(cfg_k), version=VERSION),
+        Arm("dynspec-goodput-k", patched=True, policy="goodput-k", args=dynspec_args(cfg_k), version=VERSION),
         *(Arm(name, policy=CYCLE, args=dynspec_args(cfg), version=VERSION, site=mutant_site(tmp, name))
           for name in MUTANTS),
     ]
@@ -72,8 +80,11 @@ def runs(tmp_path_factory):
     try:
         with start_arms(arms, models, logdir) as servers:
             for name, server in servers.items():
-                levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
-                out["arms"][name] = {"levels": levels, "info": server_info(server)}
+                levels, after = {}, {}
+                for c in LEVELS:
+                    levels[c] = greedy(server, prompts, lengths, c)
+                    after[c] = server_info(server)
+                out["arms"][name] = {"levels": levels, "info": after[LEVELS[-1]], "after_level": after}
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")
@@ -92,7 +103,8 @@ def counters(run, arm) -> dict:
     return dynspec_state(run["arms"][arm]["info"])
 
 
-@pytest.mark.parametrize("arm", ["upstream-adaptive", "dynspec-always", "dynspec-cycle", "dynspec-cycle-cold"])
+@pytest.mark.parametrize("arm", ["upstream-adaptive", "dynspec-always", "dynspec-cycle", "dynspec-cycle-cold",
+                                 "dynspec-k-table", "dynspec-goodput-k"])
 def test_greedy_output_is_the_plain_servers(runs, arm):
     for level in LEVELS:
         assert ids(runs, arm, level) == ids(runs, "plain", 1), f"{arm} at concurrency {level}"
@@ -153,3 +165,37 @@ def test_acceptance_after_a_steps0_stretch_is_no_worse_than_always(runs):
         broken = counters(runs, mutant)["mean_accepted_when_speculating"]
         assert broken < 0.8 * always, (mutant, broken, always)
         assert ids(runs, mutant, 1) == ids(runs, "plain", 1), mutant  # the target still verifies
+
+
+def accepted_at(run, arm, k: int, level: int) -> tuple[float, int]:
+    """Drafts accepted per request-step at K during one level, and its request-steps."""
+    after = run["arms"][arm]["after_level"]
+    before = dynspec_state(after[LEVELS[LEVELS.index(level) - 1]]) if LEVELS.index(level) else None
+    a, n = dynspec_state(after[level])["accepted_by_k"].get(str(k), [0, 0])
+    a0, n0 = (before["accepted_by_k"] or {}).get(str(k), [0, 0]) if before else (0, 0)
+    return ((a - a0) / (n - n0) if n > n0 else 0.0), n - n0
+
+
+def test_a_policy_that_chooses_the_draft_length_runs_every_state_and_keeps_the_draft_current(runs):
+    """A batch-size table over steps 0, 1 and 3: each state runs, steps=0 as dynspec's plain
+    decode, and three drafts right after a plain stretch (the C=8 level's batches 5 to 3) accept
+    what an always-speculating server's three drafts accept: the draft is current whichever
+    state ran before.  One draft (the C=1 level, batch 1) accepts at most one."""
+    c = counters(runs, "dynspec-k-table")
+    assert c["candidate_steps"] == K_STEPS and c["policy_failed"] is False, c
+    by_k = c["steps_by_k"]
+    assert set(by_k) == {"0", "1", "3"} and min(by_k.values()) > 5, by_k
+    assert c["forwards"]["plain_decode"] == by_k["0"], c
+    accepted_one, n_one = c["accepted_by_k"]["1"]  # the C=1 level runs K=1 throughout
+    one = accepted_one / n_one
+    three, n_three = accepted_at(runs, "dynspec-k-table", 3, 8)
+    always, _ = accepted_at(runs, "dynspec-always", 3, 8)
+    assert n_one > 10 and n_three > 10, (n_one, n_three)
+    assert 0.0 < one <= 1.0, one
+    assert three >= 0.9 * always, (three, always, one)
+
+
+def test_goodput_k_runs_on_the_real_server(runs):
+    c = counters(runs, "dynspec-goodput-k")
+    assert c["policy"] == "goodput-k" and c["policy_failed"] is False and c["fallback"] is None, c
+    assert c["candidate_steps"] == K_STEPS and sum(c["steps_by_k"].values()) == c["steps"] > 50, c

@@ -181,6 +181,7 @@ class Controller(TPAgreement):
         self.candidate_steps: tuple[int, ...] = ()
         self.on_steps = 0
         self.steps_by_k: dict[int, int] = {}
+        self.accepted_by_k: dict[int, list[int]] = {}  # K -> [drafts accepted, request-steps] (observe)
 
         self._last_obs_t: float | None = None
         self._other_launched: float | None = None  # when note_other_forward last came
@@ -381,8 +382,13 @@ class Controller(TPAgreement):
         if speculated:
             self._spec_steps_observed += 1
             if accepted:
-                self._accepted_sum += sum(accepted)
-                self._accepted_n += len(accepted)
+                total, n = sum(accepted), len(accepted)
+                self._accepted_sum += total
+                self._accepted_n += n
+                if steps is not None:  # a server of several draft lengths: acceptance by each
+                    row = self.accepted_by_k.setdefault(steps, [0, 0])
+                    row[0] += total
+                    row[1] += n
         if self.fallback:
             return
         pol = self.policy
@@ -441,6 +447,9 @@ class Controller(TPAgreement):
             # A server of several draft lengths (SGLang 0.5.23): its candidates and steps run at each.
             "candidate_steps": list(self.candidate_steps) or None,
             "steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())} or None,
+            # K -> [drafts accepted, request-steps] at that K (sums, so any stretch is a difference):
+            # a draft gone cold after a stretch at another K shows here, the mean over every K hides it
+            "accepted_by_k": {str(k): list(v) for k, v in sorted(self.accepted_by_k.items())} or None,
             # What the policy believes, per batch-size bucket (goodput): why it decides as it does.
             "estimates": _estimates(getattr(self.policy, "inner", self.policy)),
             # What it reads from prefill forwards: whether finishes come in lockstep (goodput).
