@@ -47,8 +47,8 @@ def _never_lockstep(self) -> None:
     self._lock = False
 
 
-def _without_acc_prior(self, accepted, k) -> None:
-    _count(self, accepted, k)
+def _without_acc_prior(self, accepted, k, b) -> None:
+    _count(self, accepted, k, b)
     self.inner.acc_prior = None
 
 
@@ -92,6 +92,8 @@ MECHANISMS: dict[str, tuple[str, str, Callable[[], contextlib.ExitStack] | None,
                   "goodput's young buckets lean on every K's steps, read by position"),
     "rescale": ("goodput-k", "", _patches((Acc, "rescale_requests", lambda self, r: None)),
                 "a change of K rescales how requests differ"),
+    "lead-by-k": ("goodput-k", "", _patches((steps, "LEAD_BY_K", False)),
+                  "the lead follows the drafts the chosen K accepts"),
 }
 
 METRICS = (("output_throughput", 1), ("mean_tpot_ms", -1), ("mean_e2e_ms", -1))  # 1: higher is better

@@ -67,6 +67,7 @@ UPDATE_EVERY = 8
 _DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
 PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
+LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's K accepts
 
 
 def _line(pts: list[tuple[int, float]], t0: float | None, k: int) -> float | None:
@@ -125,6 +126,7 @@ class GoodputK(Policy):
         self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
         self.k_cur = [self.on_steps] * len(BUCKET_EDGES)
         self._by_k = self._local
+        self._share0 = list(self.inner._lead_share)  # the lead's share by bucket at the server's own K
 
     # Deciding -----------------------------------------------------------------------------
     def decide(self, batch_size: int) -> bool:
@@ -284,7 +286,20 @@ class GoodputK(Policy):
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
             g.t_est[1][b] = t
+        if LEAD_BY_K:
+            self._lead_at(b)
         g._refresh(b)
+
+    def _lead_at(self, b: int) -> None:
+        """Goodput's lead in bucket b for the K chosen there.  The lead prices what requests finishing
+        apart costs beyond a step's time, and how far apart they drift grows with the drafts a step
+        may accept: a step at K = 1 moves a request 1 or 2 tokens, at K = 5 anywhere from 1 to 6.
+        So the lead set for the server's own K scales with E[accepted | K] over E[accepted | N]."""
+        cum, g = self._cum, self.inner
+        e_on = cum[self.on_steps]
+        f = cum[self.k_cur[b]] / e_on if e_on > 0.0 else 1.0
+        share = g._lead_share[b] = self._share0[b] * f
+        g._discount[b] = 1.0 / (1.0 + g.lead * share)
 
     # Observing ------------------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
@@ -314,7 +329,7 @@ class GoodputK(Policy):
             return
         cur = self.k_cur[b]
         if k != cur:  # a probe: every step counted (its positions are why it runs)
-            self._count(accepted, k)
+            self._count(accepted, k, b)
             # Goodput first, so that a change of K below rescales estimates that include this step;
             # it sees the chosen K's acceptance where that is exact (a probe above), else none.
             self._inner_observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
@@ -325,12 +340,12 @@ class GoodputK(Policy):
         self._inner_observe(rec)
         u = self._updates = self._updates + 1
         if u % UPDATE_EVERY == 0 or self.tried[0] < YOUNG:
-            self._count(accepted, k)
+            self._count(accepted, k, b)
             self._choose(b)
         elif first:
             self._choose(b)
 
-    def _count(self, accepted: Sequence[int], k: int) -> None:
+    def _count(self, accepted: Sequence[int], k: int, b: int) -> None:
         """Fold a step's accept lengths (a strided sample) into the position counts, and the
         survival and its running sums that the choice reads from them."""
         n = len(accepted)
@@ -354,6 +369,8 @@ class GoodputK(Policy):
             # position, rather than on its global mean of the chosen K's few: at batch 1 a probe
             # or two of one request's draws would otherwise hold speculation off for a level.
             self.inner.acc_prior = [cum[k] for k in self.k_cur]
+            if LEAD_BY_K:  # the bucket stepping now; another follows its K when it steps again
+                self._lead_at(b)
 
     # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
     def reason(self, batch_size: int) -> str:
