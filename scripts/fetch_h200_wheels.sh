@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python packages SGLang 0.5.9 needs on the H200 device machine beyond its own torch/triton image, as
-# wheels in .whl/ (ignored by git; carried with each device call).  Python 3.12, x86_64.
+# wheels in .whl/ (ignored by git; carried to the GPU machine with each run).  Python 3.12, x86_64.
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .whl

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Rewrite an SGLang wheel without what a text-only server never imports, so that it travels in one
-device call (64 MiB with the working tree): the multimodal generation package and the Rust
+run on the GPU machine (64 MiB with the working tree): the multimodal generation package and the Rust
 extensions of the gRPC server, the benchmark and the multimodal processors.  The wheel is only
 unzipped by dynspec.realsglang.wheels (never pip-installed), so its RECORD is left as it was.
 Every real 0.5.23 server test passes on the slimmed wheel (the cp311 one, 39.1 -> 26.0 MB, on a
