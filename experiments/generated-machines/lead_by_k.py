@@ -29,8 +29,9 @@ from dynspec.io.atomic import write_frame
 from dynspec.io.journal import Journal, JournalError, code_digest
 from dynspec.policy.goodput import steps
 
-ARMS = {"goodput-k": ("policy:goodput-k", True), "goodput-k-one-lead": ("policy:goodput-k", False),
-        "goodput": ("policy:goodput", True)}
+# The one-lead arm last: a member leaves LEAD_BY_K as it found it (run_member restores it).
+ARMS = {"goodput-k": ("policy:goodput-k", True), "goodput": ("policy:goodput", True),
+        "goodput-k-one-lead": ("policy:goodput-k", False)}
 
 
 def run_member(task: tuple[int, int, list[int], list[int], float, int]) -> list[dict]:
