@@ -27,6 +27,9 @@ class StepRecord(NamedTuple):
     clean: bool = True
     # Draft steps the step ran (0 when plain); None: the server's one configured count (0.5.9).
     steps: int | None = None
+    # Tokens in the batch's KV cache (its requests' contexts summed); None when the caller does not
+    # know.  A step's attention reads all of them, so its time grows with them at one batch size.
+    kv_tokens: int | None = None
 
 
 class Policy:

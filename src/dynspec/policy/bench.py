@@ -45,7 +45,8 @@ def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None
     clock = time.perf_counter_ns
     samples = []
     up_to = policy.requests_up_to
-    for bs, t, accepted, rids in stream:
+    for i, (bs, t, accepted, rids) in enumerate(stream):
+        kv = bs * (128 + i % 2048)  # the KV tokens a 0.5.9 server reports: contexts grow, then restart
         t0 = clock()
         ids = rids if bs <= up_to else None
         if up_to:
@@ -53,7 +54,8 @@ def bench_policy(spec: str, steps: int = 20000, seed: int = 0, batch: int | None
         spec_now = policy.decide(bs)
         if spec_now and ids is None and policy.wants_requests(bs):  # the caller's list is prebuilt here
             ids = rids
-        policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t, ids if spec_now else None))
+        policy.observe(StepRecord(bs, spec_now, accepted if spec_now else (), t, ids if spec_now else None,
+                                  True, None, kv))
         samples.append((clock() - t0) / 1000.0)
     return samples[steps // 10:]  # drop warm-up
 

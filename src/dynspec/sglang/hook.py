@@ -369,10 +369,11 @@ class Controller(TPAgreement):
             self.policy.note_prefill(requests, tokens, seconds if self.times_agreed else None, idle)
 
     def observe(self, batch_size: int, speculated: bool, accepted: Sequence[int] = (),
-                reqs: Sequence | None = None, steps: int | None = None) -> None:
+                reqs: Sequence | None = None, steps: int | None = None, kv_tokens: int | None = None) -> None:
         """Feed one decode step's outcome (accepted draft tokens per request, in the order of reqs,
         the step's requests when the caller has them; `steps`: the draft steps it ran, None on a
-        one-count server) to the policy."""
+        one-count server; `kv_tokens`: its requests' contexts summed, when the caller knows) to the
+        policy."""
         step_time = self._interval(self._last_obs_t)
         clean, self._dirty = not self._dirty, False
         if self._gap:
@@ -402,6 +403,7 @@ class Controller(TPAgreement):
                 rids,
                 clean,
                 steps,
+                kv_tokens,
             )
         )
         if self.agreeing and self._schedule.due(self.step, batch_size, speculated):

@@ -346,6 +346,9 @@ class Engine:
         running = self.running
         bs = len(running)
         t_plain, t_spec, extrap, t_resume = self._times(bs)
+        # The batch's KV tokens, told to the policy where step times depend on them (as a live
+        # server's seq_lens_sum)
+        kv = sum(r.input_len + r.generated for r in running) if self._context_aware else None
         policy = self.policy
         rids = None
         if policy is not None and policy.requests_up_to:  # it tracks small batches' requests
@@ -405,13 +408,13 @@ class Engine:
             st.draft_steps += k_steps
             if rids is None and policy is not None and policy.wants_requests(bs):
                 rids = [r.rid for r in running]
-            rec = StepRecord(bs, True, accepted, duration, rids, True, k_steps if self._by_k else None)
+            rec = StepRecord(bs, True, accepted, duration, rids, True, k_steps if self._by_k else None, kv)
         else:
             for req in running:
                 advance(req, 1, end, record, finished, still)
             st.steps_plain += 1
             st.tokens_out += bs
-            rec = StepRecord(bs, False, (), duration, None, True, 0 if self._by_k else None)
+            rec = StepRecord(bs, False, (), duration, None, True, 0 if self._by_k else None, kv)
         if self.policy is not None:
             self.policy.observe(rec)
         self.running = still

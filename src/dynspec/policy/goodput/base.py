@@ -24,6 +24,7 @@ class GoodputBase(GoodputConstants, Policy):
         self.sync = sync  # None: one process, whose own step times are agreed by definition
         self.sync_every = p.sync_every
         self.use_times = p.use_times
+        self.by_kv = p.by_kv
         self.probe, self.budget, self.margin, self.alpha = p.probe, p.budget, p.margin, p.alpha
         self.lead, self.acc_alpha = p.lead, p.acc_alpha
         self.lead_batch, self.lead_apart = p.lead_batch, min(p.lead_apart, p.lead)

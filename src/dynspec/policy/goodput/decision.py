@@ -70,6 +70,16 @@ class Decision(StepTimes):
             tp, ts = self.t_est[0][b], self.t_est[1][b]
             if tp is None or ts is None:
                 return
+        kv = self._kv_now
+        if kv is not None and b == self._last_b:  # _times: at the batch's KV tokens (_kv_shift inline)
+            h = self._kv_slope
+            rp, rs = self._kv_ref[0][b], self._kv_ref[1][b]
+            if rp is not None and h[0] and not self._seeded[0][b]:
+                d, lim = h[0] * (kv - rp), self.KV_SHIFT_MAX * tp
+                tp += lim if d > lim else -lim if d < -lim else d
+            if rs is not None and h[1] and not self._seeded[1][b]:
+                d, lim = h[1] * (kv - rs), self.KV_SHIFT_MAX * ts
+                ts += lim if d > lim else -lim if d < -lim else d
         if tp > ts:  # _times
             tp = ts
         # _accepted, inline where the batch's own requests are not read (above PER_REQUEST_MAX)

@@ -52,6 +52,13 @@ class GoodputConstants:
     # The probe interval is cut by the chance that the other mode wins (the regret), out to this
     # many standard errors of the gain; beyond them that chance is negligible.
     REGRET_Z = 4.0
+    # Step times by the tokens in the batch's KV cache (times.py, _kv_ref): the slope per KV token
+    # is a regression of steady steps on their KV tokens, each against its bucket's running means,
+    # over about KV_SPAN samples of its mode (a steady step in four on one process); used once
+    # KV_MIN samples fed it, and a step's time moved by it at most KV_SHIFT_MAX of the bucket's.
+    KV_SPAN = 256
+    KV_MIN = 16
+    KV_SHIFT_MAX = 0.5
 
 
 def knob(default: Any, help: str, option: str | None = None) -> Any:
@@ -77,6 +84,7 @@ class GoodputParams:
     use_times: bool = knob(True, "use measured step times (1/0)", option="times")
     merge: bool = knob(True, "count the prefills a spec step merges where finishes come apart (1/0)")
     window: int = knob(2, "decisions a result's interval can hold (2; a live overlap scheduler: 3)")
+    by_kv: bool = knob(True, "step times follow the tokens in the batch's KV cache where steps report them (1/0)", option="kv")
 
     def __post_init__(self) -> None:
         probe, budget, dwell, margin, lead, lead_apart = (self.probe, self.budget, self.dwell, self.margin,

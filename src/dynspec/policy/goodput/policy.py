@@ -56,13 +56,16 @@ class Goodput(Decision):
             self._refresh(b)
 
     def observe(self, rec: StepRecord) -> None:
-        bs, speculated, accepted, t, rids, clean, _ = rec
+        bs, speculated, accepted, t, rids, clean, _, kv = rec
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
         m = 1 if speculated else 0
         self.n_seen[m][b] += 1
         changed = False
         self._emitted += bs
         self._last_b = b
+        if not self.by_kv or self._buffer_times:
+            kv = None  # (ranks agreeing on times keep them by batch size: times.py)
+        self._kv_now = kv
         if self._refilled:  # until a request leaves, the batch holds requests as they arrived
             self._f += (m - self._f) * self._f_w
         d = self._decoded = self._decoded + 1
@@ -141,9 +144,28 @@ class Goodput(Decision):
                         seen = self._t_seen[m]  # _fold's EMA for one steady step, inline
                         n = seen[b] = seen[b] + 1
                         w, r = self._w_one, 1.0 / n
-                        est[b] = prev + (r if r > w else w) * (t - prev)
+                        if r > w:
+                            w = r
+                        if kv is not None:  # _kv_step, inline
+                            refs = self._kv_ref[m]
+                            ref = refs[b]
+                            if ref is None:
+                                refs[b] = kv
+                            elif d & 3:  # (the regression is fed every 4th step: cheaper, as good)
+                                refs[b] = ref + w * (kv - ref)
+                            else:
+                                dx, sums = kv - ref, self._kv_sums[m]
+                                n = sums[2] = sums[2] + 1
+                                u = 1.0 / n if n < self.KV_SPAN else self._kv_u
+                                sums[0] += u * (dx * dx - sums[0])
+                                sums[1] += u * (dx * (t - prev) - sums[1])
+                                if n >= self.KV_MIN and sums[0] > 0.0:
+                                    h = sums[1] / sums[0]
+                                    self._kv_slope[m] = h if h > 0.0 else 0.0
+                                refs[b] = ref + w * dx
+                        est[b] = prev + w * (t - prev)
                     else:
-                        self._fold(m, b, t, 1)
+                        self._fold(m, b, t, 1, kv)
                     changed = True
                 else:
                     self._t_sum[m][b] += t

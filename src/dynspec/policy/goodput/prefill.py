@@ -150,7 +150,8 @@ class PrefillAccount(AcceptanceEstimates):
         # The regime's span: half a request's life in decode steps (its output over the tokens a
         # step gives it), so the share f describes the requests in the batch now.
         g = self.acc_global or 0.0
-        life = self._emitted / self._admitted / (1.0 + self._f * g)
+        # (none admitted yet: a server's first forward was a chunk of a long prompt)
+        life = self._emitted / self._admitted / (1.0 + self._f * g) if self._admitted > 0.0 else 0.0
         self._f_w = 1.0 / max(self.REGIME_STEPS_MIN, 0.5 * life)
         if seconds is not None and self.use_times and 0.0 < seconds and tokens > 0:
             x = float(tokens)

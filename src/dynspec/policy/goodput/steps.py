@@ -309,7 +309,7 @@ class GoodputK(Policy):
         if not self._by_k:
             self._inner_observe(rec)
             return
-        bs, speculated, accepted, t, _, clean, k = rec
+        bs, speculated, accepted, t, _, clean, k, _ = rec
         if k is None:
             k = self.on_steps if speculated else 0
         b = _BUCKETS[bs] if 0 <= bs < _N_BUCKETS else _LAST_BUCKET

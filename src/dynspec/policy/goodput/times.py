@@ -40,14 +40,59 @@ class StepTimes(PrefillAccount):
         self._sw_seen = [[1.0 if profile is not None else 0.0] * n, [0.0] * n]  # switches folded in
         self._self_sync = self.sync is not None  # False once a caller runs the agreements (defer_sync)
         self._buffer_times = self.sync is not None  # times wait for an agreement instead of counting at once
+        # Step times by the tokens in the batch's KV cache, where steps report them: attention reads
+        # every one, so at one batch size a step late in its requests' lives costs more than early
+        # (on a speculative step, whose verify and drafts attend them several times, much more).
+        # A bucket's time is the EMA of its steps' and _kv_ref the EMA, with the same weights, of
+        # their KV tokens: the point the estimate stands at.  Per mode, the slope of time per KV
+        # token moves it to the batch now (_kv_shift).  One process only: ranks agreeing on times
+        # keep them by batch size alone.
+        self._kv_ref: list[list[float | None]] = [[None] * n, [None] * n]
+        self._kv_now: float | None = None  # the last step's KV tokens (None: not reported)
+        self._kv_slope = [0.0, 0.0]  # seconds per KV token, plain and spec
+        self._kv_sums = [[0.0, 0.0, 0], [0.0, 0.0, 0]]  # per mode: E[dx^2], E[dx dy], steps fed
+        self._kv_u = 1.0 / self.KV_SPAN
 
     def _times(self, b: int) -> tuple[float | None, float | None]:
-        """Plain and spec step times in bucket b.  A plain step does a subset of a speculative
-        step's work (one target token per request instead of k+1, a KV-only catch-up instead of
-        a draft), so a plain estimate above the spec one is an outlier (a warm-up step, a stall)
-        and counts as the spec time: one slow plain step must not keep a losing draft running."""
+        """Plain and spec step times in bucket b (the stepping bucket's at its batch's KV tokens).
+        A plain step does a subset of a speculative step's work (one target token per request
+        instead of k+1, a KV-only catch-up instead of a draft), so a plain estimate above the spec
+        one is an outlier (a warm-up step, a stall) and counts as the spec time: one slow plain
+        step must not keep a losing draft running."""
         tp, ts = self.t_est[0][b], self.t_est[1][b]
+        if b == self._last_b and self._kv_now is not None:
+            tp = None if tp is None else self._kv_shift(0, b, tp)
+            ts = None if ts is None else self._kv_shift(1, b, ts)
         return (min(tp, ts) if tp is not None and ts is not None else tp), ts
+
+    def _kv_shift(self, m: int, b: int, t: float) -> float:
+        """Mode m's time t in bucket b moved from the KV tokens it was measured at to the last
+        step's, by at most KV_SHIFT_MAX of it (a slope is a line through what was seen)."""
+        ref, kv = self._kv_ref[m][b], self._kv_now
+        if ref is None or kv is None or self._seeded[m][b]:
+            return t
+        d, lim = self._kv_slope[m] * (kv - ref), self.KV_SHIFT_MAX * t
+        return t + (lim if d > lim else -lim if d < -lim else d)
+
+    def _kv_step(self, m: int, b: int, t: float, kv: float, prev: float, w: float) -> None:
+        """A steady step of mode m in bucket b took t at kv KV tokens, its estimate prev about to
+        move by weight w: feed the slope's regression (the step against the bucket's running
+        means; pooled over buckets, each bucket's own level drops out) and move the point the
+        estimate stands at with it."""
+        refs = self._kv_ref[m]
+        ref = refs[b]
+        if ref is None:
+            refs[b] = kv
+            return
+        dx, s = kv - ref, self._kv_sums[m]
+        n = s[2] = s[2] + 1
+        u = 1.0 / n if n < self.KV_SPAN else self._kv_u
+        s[0] += u * (dx * dx - s[0])
+        s[1] += u * (dx * (t - prev) - s[1])
+        if n >= self.KV_MIN and s[0] > 0.0:
+            h = s[1] / s[0]
+            self._kv_slope[m] = h if h > 0.0 else 0.0
+        refs[b] = ref + w * dx
 
     def _fill(self, b: int) -> None:
         """A mode's time in bucket b that no step measured, or only borrowed from a neighbour, from the
@@ -98,9 +143,10 @@ class StepTimes(PrefillAccount):
             self._t_sum[kind][b] += self._sw_sum
             self._t_cnt[kind][b] += 1
 
-    def _fold(self, kind: int, b: int, t: float, count: float) -> None:
+    def _fold(self, kind: int, b: int, t: float, count: float, kv: float | None = None) -> None:
         """Fold a mean over `count` into the estimates (times the ranks agreed on): kinds 0 and 1 a
-        steady plain / spec step, 2 and 3 what one switch to speculation / to plain cost."""
+        steady plain / spec step (at `kv` KV tokens when known), 2 and 3 what one switch to
+        speculation / to plain cost."""
         if kind >= 2:
             costs, seen = (self._t_resume, self._sw_seen[0]) if kind == 2 else (self._t_pause, self._sw_seen[1])
             seen[b] += count
@@ -119,13 +165,19 @@ class StepTimes(PrefillAccount):
         seen = self._t_seen[kind]
         if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
             self.t_est[kind][b], self._seeded[kind][b], seen[b] = t, False, count
+            self._kv_ref[kind][b] = kv
         else:
             seen[b] += count
             # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
             # (one step, as every step of one process: the EMA weight computed once, no max())
             w = self._w_one if count == 1 else 1.0 - (1.0 - self.alpha) ** count
             r = count / seen[b]
-            self.t_est[kind][b] = prev + (r if r > w else w) * (t - prev)
+            w = r if r > w else w
+            if kv is not None:
+                self._kv_step(kind, b, t, kv, prev, w)
+            else:
+                self._kv_ref[kind][b] = None  # a time of unknown KV tokens: the point is lost
+            self.t_est[kind][b] = prev + w * (t - prev)
 
     # Agreement across TP ranks --------------------------------------------------------
     def sync_schedule(self) -> SyncSchedule:
@@ -186,10 +238,14 @@ class StepTimes(PrefillAccount):
             if tp is not None and ts is not None and acc is not None:
                 cp, cs = self._costs(b, acc, tp, ts)
                 ratio = round(cs / cp, 4)
+            kv = self._kv_ref[1][b]
             out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
                                "spec_ms": None if ts is None else round(1000 * ts, 3),
                                "accepted": None if acc is None else round(acc, 3),
                                "resume_ms": round(1000 * self._t_resume[b], 3),
                                "pause_ms": round(1000 * self._t_pause[b], 3),
-                               "cost_ratio": ratio, "speculate": self._choice[b]}
+                               "cost_ratio": ratio, "speculate": self._choice[b],
+                               # the KV tokens the spec time stands at, and each mode's slope
+                               "kv_tokens": None if kv is None else round(kv),
+                               "us_per_kv_token": [round(1e6 * h, 5) for h in self._kv_slope]}
         return out

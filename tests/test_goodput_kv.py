@@ -1,0 +1,98 @@
+"""Goodput's step times follow the tokens in the batch's KV cache: a bucket's time is kept at the
+KV tokens it was measured at and moved to the batch's by a slope learned from steady steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynspec.policy import StepRecord, build_policy
+from dynspec.policy.goodput import Goodput
+from dynspec.sim.engine import Engine
+from tests.test_engine import make_profile
+
+
+def profile():
+    # As one H100 ran crafted 8B weights live (the step trace of crossover-warm-2): a plain step
+    # barely grows with context, a speculative one (verify and drafts attend it several times)
+    # much more, so at batch 16 speculation wins on short contexts and loses on long ones.
+    return make_profile(acceptance={"accept_length": 2.2, "concentration": 10}, steps=[
+        {"context_len": 128, "batch_size": [1, 16, 64], "plain_ms": [6.5, 6.8, 8.5], "spec_ms": [9.5, 10.5, 19.0]},
+        {"context_len": 2048, "batch_size": [1, 16, 64], "plain_ms": [7.0, 7.6, 11.0], "spec_ms": [11.0, 17.5, 40.0]},
+    ])
+
+
+def phases(spec: str, plan: list[tuple[int, int, int, int]]) -> list[tuple[float, float]]:
+    """Closed-loop phases on one engine and policy (as levels on one live server): (C, input,
+    output, requests) each; per phase the share of decode steps speculated and output tokens/s."""
+    eng = Engine(profile(), build_policy(spec), seed=1)
+    out = []
+    for c, inp, outl, n in plan:
+        for _ in range(c):
+            eng.submit(inp, outl)
+        left, spec_steps, steps = n - c, 0, 0
+        t0, tok0 = eng.clock, eng.stats.tokens_out
+        while (s := eng.step()) is not None:
+            if s.kind == "decode":
+                steps += 1
+                spec_steps += s.speculated
+            for _ in s.finished:
+                if left > 0:
+                    eng.submit(inp, outl)
+                    left -= 1
+        out.append((spec_steps / steps, (eng.stats.tokens_out - tok0) / (eng.clock - t0)))
+    return out
+
+
+PLAN = [(16, 128, 500, 32), (16, 2000, 200, 48), (16, 64, 300, 32)]  # short, long, short contexts
+
+
+def test_a_bucket_timed_on_long_contexts_speculates_on_short_ones_at_once():
+    by_kv, by_batch = phases("goodput", PLAN), phases("goodput:kv=0", PLAN)
+    always, never = phases("always", PLAN), phases("never", PLAN)
+    # Long contexts after short ones: the slope learned on the first phase's growing contexts
+    # moves the speculative time up before a step there is timed; by batch size alone it stays
+    # at the short contexts' until measured.
+    assert by_kv[1][0] < 0.5 * by_batch[1][0]
+    assert by_kv[1][1] >= 0.97 * never[1][1]
+    # Short contexts again: by batch size the bucket holds the long contexts' time and decodes
+    # plain for the whole phase; by KV tokens it speculates from the first wave.
+    assert by_batch[2][0] < 0.05
+    assert by_kv[2][0] > 0.8
+    assert by_kv[2][1] >= 0.97 * always[2][1]
+    assert by_kv[2][1] > 1.02 * by_batch[2][1]
+
+
+def test_the_slope_is_learned_per_mode_from_steady_steps():
+    p = build_policy("goodput:window=2")
+    assert isinstance(p, Goodput)
+    # spec: 10 ms + 0.25 us per KV token, plain: 6.8 ms + 0.02 us, at batch 16 as contexts grow
+    kv, n = 16 * 128, [0, 0]
+    for _ in range(1500):
+        spec = p.decide(16)
+        n[spec] += 1
+        t = 0.010 + 0.25e-6 * kv if spec else 0.0068 + 0.02e-6 * kv
+        p.observe(StepRecord(16, spec, [2] * 16 if spec else (), t, None, True, None, kv))
+        kv = kv + 16 * 3 if spec else kv + 16
+        if kv > 16 * 2048:  # a new wave
+            kv = 16 * 128
+    assert n[1] > 1000  # (speculation wins here: plain only probed)
+    plain_slope, spec_slope = p.estimates()["16+"]["us_per_kv_token"]
+    assert spec_slope == pytest.approx(0.25, rel=0.1)
+    assert plain_slope < 0.1
+    # At the last step's KV tokens the spec time is the line's, not the EMA's lagging point
+    last = kv - 16 * 3
+    assert p._times(p._last_b)[1] == pytest.approx(0.010 + 0.25e-6 * last, rel=0.02)
+    # Steps that report no KV tokens leave the times by batch size
+    q = build_policy("goodput:window=2")
+    for _ in range(300):
+        q.observe(StepRecord(16, True, [2] * 16, 0.012, None, True))
+    assert q.estimates()["16+"]["kv_tokens"] is None
+    assert q.estimates()["16+"]["us_per_kv_token"] == [0.0, 0.0]
+
+
+def test_a_first_prefill_that_finishes_no_prompt_is_taken():
+    # A server's first forward can be a chunk of a long prompt: no request admitted yet.
+    p = build_policy("goodput")
+    p.note_prefill(0, 8192, 0.2)
+    p.note_prefill(1, 1000, 0.05)
+    assert p.decide(1) in (True, False)
