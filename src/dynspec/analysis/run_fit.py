@@ -95,8 +95,19 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     except (ValueError, OSError) as exc:
         raise FitError(f"{results}: not a results table ({' '.join(str(exc).split())[:200]})") from None
     df = df[df["error"].fillna("") == ""]
-    per_arm = {arm: df[df["arm"] == arm].groupby("concurrency") for arm in (baseline_arm, eagle3_arm)}
-    tput = {arm: g["output_throughput"].mean().to_dict() for arm, g in per_arm.items()}
+    # Each level's target is the mean over the repeats both arms measured without error, and the
+    # fit simulates those repeats' own prompts: a level of a few hundred requests moves with the draw.
+    df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
+    both = set(zip(df["concurrency"], df["repeat"]))
+    shared = {}
+    for arm in (baseline_arm, eagle3_arm):
+        got = set(zip(df[df["arm"] == arm]["concurrency"], df[df["arm"] == arm]["repeat"]))
+        both &= got
+    for c, r in sorted(both):
+        shared.setdefault(int(c), []).append(int(r))
+    rows = df[[(int(c), int(r)) in both for c, r in zip(df["concurrency"], df["repeat"])]]
+    tput = {arm: rows[rows["arm"] == arm].groupby("concurrency")["output_throughput"].mean().to_dict()
+            for arm in (baseline_arm, eagle3_arm)}
     levels = sorted(set(tput[baseline_arm]) & set(tput[eagle3_arm]))
     if len(levels) < 2:
         raise FitError(f"{results}: arms {baseline_arm!r} and {eagle3_arm!r} share {len(levels)} measured "
@@ -129,7 +140,8 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         lengths += f" (the run's {pc.source} prompts' own lengths are not modelled)"
     assumptions = [
         f"workload as the run's config: {lengths}, "
-        f"{prompts} prompts per level, closed-loop clients",
+        f"{prompts} prompts per level, closed-loop clients; each level's target the mean over the repeats both "
+        "arms measured without error, simulated on those repeats' own prompts",
         (f"acceptance: accept length {accept_length:.3f}, "
          + ("given on the command line" if accept_given else "the mean over the eagle3 arm's levels")
          + "; concentration 10 assumed"),
@@ -154,6 +166,6 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
                           prompts_per_client=config.prompts_per_client, min_prompts=config.min_prompts,
                           range_ratio=ratio, seed=config.seed),
         targets=[Target(concurrency=int(c), baseline=round(tput[baseline_arm][c], 3),
-                        eagle3=round(tput[eagle3_arm][c], 3)) for c in levels],
+                        eagle3=round(tput[eagle3_arm][c], 3), repeats=shared[int(c)]) for c in levels],
         catch_up_fraction=catch_up_fraction, assumptions=assumptions,
     )

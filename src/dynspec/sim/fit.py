@@ -39,6 +39,9 @@ class Target(Model):
     baseline: float | None = Field(None, gt=0)  # output tok/s
     eagle3: float | None = Field(None, gt=0)  # output tok/s
     eagle3_speedup: float | None = Field(None, gt=0)  # eagle3 / baseline at this concurrency
+    # The sweep repeats whose mean the figures are: each draws its own prompts, and the simulated
+    # figure is the mean over the same draws (None: the first repeat's).
+    repeats: list[int] | None = Field(None, min_length=1)
     note: str = ""
 
     @model_validator(mode="after")
@@ -61,12 +64,12 @@ class Workload(Model):
     range_ratio: float = Field(1.0, gt=0, le=1)
     seed: int = 0
 
-    def level(self, concurrency: int) -> dict:
-        """simulate_level's workload arguments at one closed-loop level."""
+    def level(self, concurrency: int, repeat: int = 0) -> dict:
+        """simulate_level's workload arguments at one closed-loop level and repeat."""
         n = self.num_prompts or max(self.prompts_per_client * concurrency, self.min_prompts)
         if self.range_ratio >= 1.0:
             return dict(num_prompts=n, input_len=self.input_len, output_len=self.output_len, seed=self.seed)
-        seed = closed_level_seed(self.seed, concurrency, 0)  # the level's first repeat, as a sweep draws it
+        seed = closed_level_seed(self.seed, concurrency, repeat)  # as a sweep draws that repeat's
         return dict(lengths=level_lengths(seed, n, self.input_len, self.output_len, self.range_ratio), seed=seed)
 
 
@@ -187,9 +190,10 @@ def simulate_targets(profile: Profile, spec: FitSpec) -> dict[tuple[str, int], f
     w = spec.workload
     out = {}
     for t in spec.targets:
+        repeats = t.repeats if t.repeats and w.range_ratio < 1.0 else [0]  # (fixed lengths: one draw)
         for arm in ("baseline", "eagle3"):
-            metrics, _ = simulate_level(profile, arm, t.concurrency, **w.level(t.concurrency))
-            out[(arm, t.concurrency)] = metrics["output_throughput"]
+            runs = [simulate_level(profile, arm, t.concurrency, **w.level(t.concurrency, r))[0] for r in repeats]
+            out[(arm, t.concurrency)] = sum(m["output_throughput"] for m in runs) / len(runs)
     return out
 
 
