@@ -99,7 +99,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
     # fit simulates those repeats' own prompts: a level of a few hundred requests moves with the draw.
     df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)
     both = set(zip(df["concurrency"], df["repeat"]))
-    shared = {}
+    shared: dict[int, list[int]] = {}
     for arm in (baseline_arm, eagle3_arm):
         got = set(zip(df[df["arm"] == arm]["concurrency"], df[df["arm"] == arm]["repeat"]))
         both &= got
