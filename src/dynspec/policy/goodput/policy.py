@@ -146,23 +146,12 @@ class Goodput(Decision):
                         w, r = self._w_one, 1.0 / n
                         if r > w:
                             w = r
-                        if kv is not None:  # _kv_step, inline
-                            refs = self._kv_ref[m]
-                            ref = refs[b]
-                            if ref is None:
-                                refs[b] = kv
-                            elif d & 3:  # (the regression is fed every 4th step: cheaper, as good)
-                                refs[b] = ref + w * (kv - ref)
+                        if kv is not None:
+                            ref = self._kv_ref[m][b]
+                            if ref is not None and d & 3:  # the point moves; the slope is fed every 4th step
+                                self._kv_ref[m][b] = ref + w * (kv - ref)
                             else:
-                                dx, sums = kv - ref, self._kv_sums[m]
-                                n = sums[2] = sums[2] + 1
-                                u = 1.0 / n if n < self.KV_SPAN else self._kv_u
-                                sums[0] += u * (dx * dx - sums[0])
-                                sums[1] += u * (dx * (t - prev) - sums[1])
-                                if n >= self.KV_MIN and sums[0] > 0.0:
-                                    h = sums[1] / sums[0]
-                                    self._kv_slope[m] = h if h > 0.0 else 0.0
-                                refs[b] = ref + w * dx
+                                self._kv_step(m, b, t, kv, prev, w)
                         est[b] = prev + w * (t - prev)
                     else:
                         self._fold(m, b, t, 1, kv)
