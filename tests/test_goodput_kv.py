@@ -96,3 +96,66 @@ def test_a_first_prefill_that_finishes_no_prompt_is_taken():
     p.note_prefill(0, 8192, 0.2)
     p.note_prefill(1, 1000, 0.05)
     assert p.decide(1) in (True, False)
+
+
+def test_each_bucket_moves_its_time_by_its_own_slope():
+    # What a KV token costs falls as the batch grows (a small batch leaves attention's kernels
+    # short of work): a speculative step pays 0.8 us per KV token at batch 2 and 0.25 us at batch
+    # 32, as on one H100 with crafted 8B weights (batch 16: 0.25 us; drains of larger loads: more).
+    p = build_policy("goodput:window=2")
+    assert isinstance(p, Goodput)
+
+    def level(bs: int, base: float, slope: float, ctx_lo: int, ctx_hi: int, steps: int) -> None:
+        ctx = ctx_lo
+        for _ in range(steps):
+            spec = p.decide(bs)
+            kv = bs * ctx
+            t = base + slope * kv if spec else 0.0068 + 0.02e-6 * kv
+            p.observe(StepRecord(bs, spec, [2] * bs if spec else (), t, None, True, None, kv))
+            ctx = ctx + 3 if spec else ctx + 1
+            if ctx > ctx_hi:
+                ctx = ctx_lo
+
+    level(32, 0.012, 0.25e-6, 100, 300, 1500)  # batch 32 timed on short contexts
+    level(2, 0.0095, 0.8e-6, 128, 2048, 3000)  # then a long stretch at batch 2
+    # Batch 32 again, on 500-token contexts: its time moves by its own slope, not batch 2's.
+    kv = 32 * 500
+    p.observe(StepRecord(32, True, [2] * 32, None, None, True, None, kv))  # (untimed: sets the KV tokens)
+    est = p.estimates()
+    assert est["32+"]["us_per_kv_token"][1] == pytest.approx(0.25, rel=0.15)
+    assert est["2+"]["us_per_kv_token"][1] == pytest.approx(0.8, rel=0.15)
+    assert p._times(p._last_b)[1] == pytest.approx(0.012 + 0.25e-6 * kv, rel=0.03)
+
+
+def test_a_bucket_of_many_batch_sizes_is_priced_at_the_batch_now():
+    # Bucket 16+ holds batches 16..23, and a speculative step at 23 costs a quarter more than at
+    # 16 (0.4 ms a request, as on one H200 with crafted 8B weights).  Drains of larger loads time it
+    # at 17..23 requests on long contexts; a level at C=16 runs it at 16 requests on short ones.
+    p = build_policy("goodput:window=2")
+    assert isinstance(p, Goodput)
+
+    def spec_time(bs: int, kv: int) -> float:
+        return 0.009 + 0.4e-3 * (bs - 16) + 0.25e-6 * kv
+
+    def step(bs: int, ctx: int) -> int:
+        spec, kv = p.decide(bs), bs * ctx
+        t = spec_time(bs, kv) if spec else 0.0054 + 0.01e-3 * (bs - 16) + 0.01e-6 * kv
+        p.observe(StepRecord(bs, spec, [2] * bs if spec else (), t, None, True, None, kv))
+        return 3 if spec else 1
+
+    for _ in range(6):  # drains: the batch falls from 23 to 16 while contexts grow
+        ctx = 400
+        for bs in range(23, 15, -1):
+            for _ in range(40):
+                ctx += step(bs, ctx)
+    ctx = 100
+    for _ in range(600):  # a level at C=16, contexts from 100 to 300 tokens, then again
+        ctx += step(16, ctx)
+        if ctx > 300:
+            ctx = 100
+    for bs, ctx in ((16, 350), (23, 500)):
+        kv = bs * ctx
+        p.observe(StepRecord(bs, True, [2] * bs, None, None, True, None, kv))  # (untimed: sets the batch)
+        assert p._times(p._last_b)[1] == pytest.approx(spec_time(bs, kv), rel=0.03), (bs, ctx)
+    per_request = p.estimates()["16+"]["ms_per_request"][1]
+    assert per_request == pytest.approx(0.4, rel=0.2)

@@ -72,13 +72,13 @@ class Decision(StepTimes):
                 return
         kv = self._kv_now
         if kv is not None and b == self._last_b:  # _times: at the batch's KV tokens (_kv_shift inline)
-            h = self._kv_slope
+            h, c, bs, at = self._kv_slope, self._bs_slope, self._bs_now, self._bs_ref
             rp, rs = self._kv_ref[0][b], self._kv_ref[1][b]
-            if rp is not None and h[0] and not self._seeded[0][b]:
-                d, lim = h[0] * (kv - rp), self.KV_SHIFT_MAX * tp
+            if rp is not None and not self._seeded[0][b]:
+                d, lim = h[0][b] * (kv - rp) + c[0][b] * (bs - at[0][b]), self.KV_SHIFT_MAX * tp
                 tp += lim if d > lim else -lim if d < -lim else d
-            if rs is not None and h[1] and not self._seeded[1][b]:
-                d, lim = h[1] * (kv - rs), self.KV_SHIFT_MAX * ts
+            if rs is not None and not self._seeded[1][b]:
+                d, lim = h[1][b] * (kv - rs) + c[1][b] * (bs - at[1][b]), self.KV_SHIFT_MAX * ts
                 ts += lim if d > lim else -lim if d < -lim else d
         if tp > ts:  # _times
             tp = ts

@@ -52,10 +52,11 @@ class GoodputConstants:
     # The probe interval is cut by the chance that the other mode wins (the regret), out to this
     # many standard errors of the gain; beyond them that chance is negligible.
     REGRET_Z = 4.0
-    # Step times by the tokens in the batch's KV cache (times.py, _kv_ref): the slope per KV token
-    # is a regression of steady steps on their KV tokens, each against its bucket's running means,
-    # over about KV_SPAN samples of its mode (a steady step in four on one process); used once
-    # KV_MIN samples fed it, and a step's time moved by it at most KV_SHIFT_MAX of the bucket's.
+    # Step times by the batch's size and KV tokens (times.py, _kv_ref): a plane per mode and bucket,
+    # a regression of steady steps on both about the bucket's running means, over the last
+    # KV_SPAN..2 KV_SPAN samples (a steady step in four on one process), shrunk to the one pooled
+    # over buckets as if that were KV_MIN samples; used once KV_MIN samples fed the pooled one, and
+    # a step's time moved by it at most KV_SHIFT_MAX of the bucket's.
     KV_SPAN = 256
     KV_MIN = 16
     KV_SHIFT_MAX = 0.5

@@ -65,7 +65,7 @@ class Goodput(Decision):
         self._last_b = b
         if not self.by_kv or self._buffer_times:
             kv = None  # (ranks agreeing on times keep them by batch size: times.py)
-        self._kv_now = kv
+        self._kv_now, self._bs_now = kv, bs
         if self._refilled:  # until a request leaves, the batch holds requests as they arrived
             self._f += (m - self._f) * self._f_w
         d = self._decoded = self._decoded + 1
@@ -148,8 +148,10 @@ class Goodput(Decision):
                             w = r
                         if kv is not None:
                             ref = self._kv_ref[m][b]
-                            if ref is not None and d & 3:  # the point moves; the slope is fed every 4th step
+                            if ref is not None and d & 3:  # the point moves; the plane is fed every 4th step
                                 self._kv_ref[m][b] = ref + w * (kv - ref)
+                                z = self._bs_ref[m]
+                                z[b] += w * (bs - z[b])
                             else:
                                 self._kv_step(m, b, t, kv, prev, w)
                         est[b] = prev + w * (t - prev)

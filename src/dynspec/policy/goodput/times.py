@@ -40,18 +40,28 @@ class StepTimes(PrefillAccount):
         self._sw_seen = [[1.0 if profile is not None else 0.0] * n, [0.0] * n]  # switches folded in
         self._self_sync = self.sync is not None  # False once a caller runs the agreements (defer_sync)
         self._buffer_times = self.sync is not None  # times wait for an agreement instead of counting at once
-        # Step times by the tokens in the batch's KV cache, where steps report them: attention reads
-        # every one, so at one batch size a step late in its requests' lives costs more than early
-        # (on a speculative step, whose verify and drafts attend them several times, much more).
-        # A bucket's time is the EMA of its steps' and _kv_ref the EMA, with the same weights, of
-        # their KV tokens: the point the estimate stands at.  Per mode, the slope of time per KV
-        # token moves it to the batch now (_kv_shift).  One process only: ranks agreeing on times
-        # keep them by batch size alone.
+        # Step times by the batch's size and the tokens in its KV cache, where steps report them:
+        # attention reads every KV token, so at one batch size a step late in its requests' lives
+        # costs more than early (on a speculative step, whose verify and drafts attend them several
+        # times, much more); and a bucket spans batch sizes (16+ is 16..23) whose steps differ by
+        # as much.  A bucket's time is the EMA of its steps' and _kv_ref / _bs_ref the EMAs, with
+        # the same weights, of their KV tokens and batch sizes: the point the estimate stands at.
+        # A plane through it (per request, per KV token) moves it to the batch now (_kv_shift),
+        # each bucket's own: what a KV token costs falls as the batch grows (a small batch leaves
+        # attention's kernels short of work).  One process only: ranks agreeing on times keep them
+        # by bucket alone.
         self._kv_ref: list[list[float | None]] = [[None] * n, [None] * n]
+        self._bs_ref: list[list[float]] = [[0.0] * n, [0.0] * n]
         self._kv_now: float | None = None  # the last step's KV tokens (None: not reported)
-        self._kv_slope = [0.0, 0.0]  # seconds per KV token, plain and spec
-        self._kv_sums = [[0.0, 0.0, 0], [0.0, 0.0, 0]]  # per mode: E[dx^2], E[dx dy], steps fed
-        self._kv_u = 1.0 / self.KV_SPAN
+        self._bs_now = 0  # and its batch size
+        # [mode][bucket] seconds per KV token and per request (_kv_step)
+        self._kv_slope = [[0.0] * n, [0.0] * n]
+        self._bs_slope = [[0.0] * n, [0.0] * n]
+        # The regressions' sums of dz dz, dz dx, dx dx, dz dy, dx dy (z batch size, x KV tokens, y
+        # time, each about the bucket's point) and steps fed: per mode pooled over buckets (each
+        # bucket's prior), and per mode and bucket.
+        self._kv_sums = [[0.0] * 6 for _ in range(2)]
+        self._kv_bsums = [[[0.0] * 6 for _ in range(n)] for _ in range(2)]
 
     def _times(self, b: int) -> tuple[float | None, float | None]:
         """Plain and spec step times in bucket b (the stepping bucket's at its batch's KV tokens).
@@ -71,28 +81,52 @@ class StepTimes(PrefillAccount):
         ref, kv = self._kv_ref[m][b], self._kv_now
         if ref is None or kv is None or self._seeded[m][b]:
             return t
-        d, lim = self._kv_slope[m] * (kv - ref), self.KV_SHIFT_MAX * t
+        d = self._kv_slope[m][b] * (kv - ref) + self._bs_slope[m][b] * (self._bs_now - self._bs_ref[m][b])
+        lim = self.KV_SHIFT_MAX * t
         return t + (lim if d > lim else -lim if d < -lim else d)
 
     def _kv_step(self, m: int, b: int, t: float, kv: float, prev: float, w: float) -> None:
-        """A steady step of mode m in bucket b took t at kv KV tokens, its estimate prev about to
-        move by weight w: feed the slope's regression (the step against the bucket's running
-        means; pooled over buckets, each bucket's own level drops out) and move the point the
-        estimate stands at with it."""
+        """A steady step of mode m in bucket b took t at kv KV tokens (and the last batch size),
+        its estimate prev about to move by weight w: feed the plane's regressions (the step about
+        the bucket's point, so each bucket's own level drops out), the bucket's own and the one
+        pooled over buckets, and move the point with the estimate.  The bucket's plane is its own
+        regression shrunk to the pooled one (ridge): the pooled weighs as KV_MIN steps at the
+        pooled spreads, so a bucket whose batches or KV tokens barely moved keeps the pooled
+        slope of that one."""
         refs = self._kv_ref[m]
         ref = refs[b]
+        bs = self._bs_now
         if ref is None:
-            refs[b] = kv
+            refs[b], self._bs_ref[m][b] = kv, bs
             return
-        dx, s = kv - ref, self._kv_sums[m]
-        n = s[2] = s[2] + 1
-        u = 1.0 / n if n < self.KV_SPAN else self._kv_u
-        s[0] += u * (dx * dx - s[0])
-        s[1] += u * (dx * (t - prev) - s[1])
-        if n >= self.KV_MIN and s[0] > 0.0:
-            h = s[1] / s[0]
-            self._kv_slope[m] = h if h > 0.0 else 0.0
-        refs[b] = ref + w * dx
+        bref = self._bs_ref[m][b]
+        dx, dz, dy, span = kv - ref, bs - bref, t - prev, self.KV_SPAN
+        refs[b], self._bs_ref[m][b] = ref + w * dx, bref + w * dz
+        zz, zx, xx, zy, xy = dz * dz, dz * dx, dx * dx, dz * dy, dx * dy
+        # Sums, halved once they hold 2 KV_SPAN steps: a memory of KV_SPAN..2 KV_SPAN of them
+        s = self._kv_sums[m]
+        s[0] += zz
+        s[1] += zx
+        s[2] += xx
+        s[3] += zy
+        s[4] += xy
+        n = s[5] = s[5] + 1
+        sb = self._kv_bsums[m][b]
+        sb[0] += zz
+        sb[1] += zx
+        sb[2] += xx
+        sb[3] += zy
+        sb[4] += xy
+        nb = sb[5] = sb[5] + 1
+        if n >= 2 * span:
+            s[:] = [0.5 * v for v in s]
+        if nb >= 2 * span:
+            sb[:] = [0.5 * v for v in sb]
+        if n < self.KV_MIN or s[2] <= 0.0:
+            return
+        r = self.KV_MIN / s[5]  # the pooled as KV_MIN steps
+        c, h = _plane(sb[0] + r * s[0], sb[1] + r * s[1], sb[2] + r * s[2], sb[3] + r * s[3], sb[4] + r * s[4])
+        self._bs_slope[m][b], self._kv_slope[m][b] = c, h
 
     def _fill(self, b: int) -> None:
         """A mode's time in bucket b that no step measured, or only borrowed from a neighbour, from the
@@ -165,7 +199,7 @@ class StepTimes(PrefillAccount):
         seen = self._t_seen[kind]
         if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
             self.t_est[kind][b], self._seeded[kind][b], seen[b] = t, False, count
-            self._kv_ref[kind][b] = kv
+            self._kv_ref[kind][b], self._bs_ref[kind][b] = kv, self._bs_now
         else:
             seen[b] += count
             # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
@@ -245,7 +279,24 @@ class StepTimes(PrefillAccount):
                                "resume_ms": round(1000 * self._t_resume[b], 3),
                                "pause_ms": round(1000 * self._t_pause[b], 3),
                                "cost_ratio": ratio, "speculate": self._choice[b],
-                               # the KV tokens the spec time stands at, and each mode's slope
+                               # the point the spec time stands at, and each mode's plane there
                                "kv_tokens": None if kv is None else round(kv),
-                               "us_per_kv_token": [round(1e6 * h, 5) for h in self._kv_slope]}
+                               "batch": None if kv is None else round(self._bs_ref[1][b], 1),
+                               "us_per_kv_token": [round(1e6 * self._kv_slope[m][b], 5) for m in (0, 1)],
+                               "ms_per_request": [round(1e3 * self._bs_slope[m][b], 4) for m in (0, 1)]}
         return out
+
+
+def _plane(zz: float, zx: float, xx: float, zy: float, xy: float) -> tuple[float, float]:
+    """Least squares of y on z and x from their second moments: (per z, per x), neither below
+    zero (a step never gets cheaper with more requests or tokens).  Where z and x move together
+    (one batch size: z fixed; a drain: both fall) they cannot be told apart: x alone."""
+    det = zz * xx - zx * zx
+    if det > 1e-6 * zz * xx:
+        c, h = (xx * zy - zx * xy) / det, (zz * xy - zx * zy) / det
+        if c >= 0.0 and h >= 0.0:
+            return c, h
+        if h < 0.0:  # the other alone
+            return (zy / zz if zy > 0.0 else 0.0), 0.0
+    h = xy / xx if xx > 0.0 else 0.0
+    return 0.0, (h if h > 0.0 else 0.0)
