@@ -159,3 +159,27 @@ def test_a_bucket_of_many_batch_sizes_is_priced_at_the_batch_now():
         assert p._times(p._last_b)[1] == pytest.approx(spec_time(bs, kv), rel=0.03), (bs, ctx)
     per_request = p.estimates()["16+"]["ms_per_request"][1]
     assert per_request == pytest.approx(0.4, rel=0.2)
+
+
+def test_the_plane_tells_batch_size_from_kv_tokens_where_they_move_apart():
+    from dynspec.policy.goodput.times import _plane
+    import random
+    rng = random.Random(0)
+    pts = [(rng.uniform(-4, 4), rng.uniform(-3000, 3000)) for _ in range(400)]
+
+    def moments(f):
+        zz = sum(z * z for z, _ in pts)
+        zx = sum(z * x for z, x in pts)
+        xx = sum(x * x for _, x in pts)
+        zy = sum(z * f(z, x) for z, x in pts)
+        xy = sum(x * f(z, x) for z, x in pts)
+        return zz, zx, xx, zy, xy
+
+    c, h = _plane(*moments(lambda z, x: 4e-4 * z + 2.5e-7 * x))
+    assert c == pytest.approx(4e-4, rel=1e-6) and h == pytest.approx(2.5e-7, rel=1e-6)
+    # A step never gets cheaper with more requests: a negative slope falls back to the other alone
+    c, h = _plane(*moments(lambda z, x: -1e-4 * z + 2.5e-7 * x))
+    assert c == 0.0 and h == pytest.approx(2.5e-7, rel=0.05)
+    # One batch size (z fixed): KV tokens alone
+    c, h = _plane(0.0, 0.0, 1e6, 0.0, 0.25)
+    assert (c, h) == (0.0, pytest.approx(2.5e-7))
