@@ -104,24 +104,17 @@ class StepTimes(PrefillAccount):
         refs[b], self._bs_ref[m][b] = ref + w * dx, bref + w * dz
         zz, zx, xx, zy, xy = dz * dz, dz * dx, dx * dx, dz * dy, dx * dy
         # Sums, halved once they hold 2 KV_SPAN steps: a memory of KV_SPAN..2 KV_SPAN of them
-        s = self._kv_sums[m]
-        s[0] += zz
-        s[1] += zx
-        s[2] += xx
-        s[3] += zy
-        s[4] += xy
-        n = s[5] = s[5] + 1
-        sb = self._kv_bsums[m][b]
-        sb[0] += zz
-        sb[1] += zx
-        sb[2] += xx
-        sb[3] += zy
-        sb[4] += xy
-        nb = sb[5] = sb[5] + 1
-        if n >= 2 * span:
-            s[:] = [0.5 * v for v in s]
-        if nb >= 2 * span:
-            sb[:] = [0.5 * v for v in sb]
+        s, sb = self._kv_sums[m], self._kv_bsums[m][b]
+        for v in (s, sb):
+            v[0] += zz
+            v[1] += zx
+            v[2] += xx
+            v[3] += zy
+            v[4] += xy
+            v[5] += 1
+            if v[5] >= 2 * span:
+                v[:] = [0.5 * x for x in v]
+        n = s[5]
         if n < self.KV_MIN or s[2] <= 0.0:
             return
         r = self.KV_MIN / s[5]  # the pooled as KV_MIN steps
