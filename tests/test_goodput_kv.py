@@ -55,8 +55,8 @@ def test_a_bucket_timed_on_long_contexts_speculates_on_short_ones_at_once():
     assert by_kv[1][0] < 0.5 * by_batch[1][0]
     assert by_kv[1][1] >= 0.97 * never[1][1]
     # Short contexts again: by batch size the bucket holds the long contexts' time and decodes
-    # plain for the whole phase; by KV tokens it speculates from the first wave.
-    assert by_batch[2][0] < 0.05
+    # plain for most of the phase; by KV tokens it speculates from the first wave.
+    assert by_batch[2][0] < 0.3 and by_batch[2][1] < 0.97 * always[2][1]
     assert by_kv[2][0] > 0.8
     assert by_kv[2][1] >= 0.97 * always[2][1]
     assert by_kv[2][1] > 1.02 * by_batch[2][1]

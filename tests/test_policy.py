@@ -837,21 +837,21 @@ def _closed_loop(policy, steps, batch=8, out_len=20, plain=0.010, spec=0.020, pr
 
 
 def test_goodput_acts_on_what_each_mode_costs_the_servers_throughput():
-    """A speculative step is 2x a plain one, but a prefill in a speculative stretch costs more
-    (the draft's full prefill) and comes twice as often (a step finishes twice the tokens): the
-    two modes' throughput implies a ratio of 2.44.  goodput's cost ratio must be that ratio, not
-    the steps' 2.0 (a policy judging steps alone speculates where it loses here: 2 tokens a step
-    for 2.44 plain steps' time)."""
-    never_tok, never_wall = _closed_loop(build_policy("never"), 3000)
-    always_tok, always_wall = _closed_loop(build_policy("always"), 3000)
+    """A speculative step costs 2.2 plain ones and gives 2 tokens, but every finish brings a
+    prefill (25 ms, and 5 ms in the decode step after it) and a speculative step finishes twice the
+    tokens: the two modes' throughput implies a ratio of about 2.1, not the steps' 2.2.  goodput's
+    cost ratio must be that ratio: each step with its share of the prefills, per request admitted
+    in either mode (the prompts set a prefill's cost, not the mode that ran beside it)."""
+    kw = dict(spec=0.022, prefill=(0.025, 0.025))
+    never_tok, never_wall = _closed_loop(build_policy("never"), 3000, **kw)
+    always_tok, always_wall = _closed_loop(build_policy("always"), 3000, **kw)
     implied = 2.0 * (never_tok / never_wall) / (always_tok / always_wall)
-    assert implied == pytest.approx(2.44, abs=0.05)
+    assert implied < 0.97 * 2.2
     p = Goodput()
-    _closed_loop(p, 6000)
+    _closed_loop(p, 6000, **kw)
     est = p.estimates()["8+"]
-    assert est["cost_ratio"] == pytest.approx(implied, rel=0.05), (est, implied)
-    assert est["spec_ms"] / est["plain_ms"] == pytest.approx(2.0, rel=0.02)  # steady steps alone
-    assert est["speculate"] is False
+    assert est["cost_ratio"] == pytest.approx(implied, rel=0.02), (est, implied)
+    assert est["spec_ms"] / est["plain_ms"] == pytest.approx(2.2, rel=0.02)  # steady steps alone
 
 
 def test_goodput_measures_what_a_switch_costs_on_a_pipelined_server():
@@ -890,8 +890,8 @@ def test_goodput_forgets_a_warm_up_prefill_of_the_mode_it_left():
     never_tok, never_wall = _closed_loop(build_policy("never"), 6000, spec=0.024)
     assert p.estimates()["8+"]["speculate"] is False, p.prefill_estimates()
     assert (tok / wall) / (never_tok / never_wall) > 0.95
-    over = p.prefill_estimates()["overhead_ms_per_request"]
-    assert over["plain"] <= over["spec"]
+    # (the warm-up's forward came on no refill: it prices nothing)
+    assert p.prefill_estimates()["overhead_ms_per_request"] < 50.0
 
 
 def test_goodput_is_not_turned_by_one_stalled_step():
@@ -1040,7 +1040,7 @@ def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
     kept 0.71-0.87 of EAGLE-3 at C = 4-16 in that round).  A forward launched on an idle server
     takes a whole forward's latency in either mode, and goodput speculates where loads go idle:
     what a mode adds to prefills is read from forwards launched while decoding."""
-    def warmed(idle_flag: bool) -> dict:
+    def warmed(idle_flag: bool) -> float:
         p = Goodput()
         p._choose = lambda b, batch_size: batch_size == 1  # the warm-up's modes, as live
         for _ in range(8):
@@ -1054,6 +1054,7 @@ def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
             p.note_prefill(63, 6300, 0.120)
         return p.prefill_estimates()["overhead_ms_per_request"]
 
-    fixed = warmed(idle_flag=True)
-    assert fixed["spec"] == pytest.approx(fixed["plain"]) and fixed["plain"] < 3.0
-    assert warmed(idle_flag=False)["spec"] > 25.0  # the same forwards counted whole
+    assert warmed(idle_flag=True) < 3.0
+    # Unflagged, the idle forward is no refill either: its prompt grew the batch (the next
+    # decode step ran 63 requests where the ones since the last burst ran 1).
+    assert warmed(idle_flag=False) < 3.0

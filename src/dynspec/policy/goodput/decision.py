@@ -104,7 +104,8 @@ class Decision(StepTimes):
         out = (1.0 + acc) / cost  # output per request of a spec step, as valued
         if self._refilled and self._emitted > 0.0:  # _costs inline: each with its share of the prefills' overhead
             share = self._mid[b] * self._admitted / self._emitted
-            tp, ts = tp + self._cp * share, ts + self._cs * share * (1.0 + acc)
+            pf = self._c_req * share
+            tp, ts = tp + pf, ts + pf * (1.0 + acc)
         g = out * tp / ts
         # Hysteresis: leave the current choice only for a margin's worth of gain.
         choice = self._choice[b]

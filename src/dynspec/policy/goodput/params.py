@@ -30,6 +30,7 @@ class GoodputConstants:
     BURST_STEPS = 512  # decode steps the share of steps after a burst of prompts averages over
     LOCK_EVERY = 32  # decode steps between lockstep checks without a burst
     ROUND_TRIP = 4.0  # decode steps from a finish to its successor's arrival on a real server (_read_bursts)
+    PEAK_STEPS = 8  # decode steps a finish waits for its successor (twice ROUND_TRIP), _read_burst
     PAIR_EVERY = 16  # speculative steps between two samples of how requests differ (_pair_sample)
     PAIR_WEIGHT = 0.002  # EMA weight of one request compared in a pair (at batch 32: 0.06, a memory of ~16 pairs)
     PAIR_PRIOR = 64.0  # requests' worth of no spread the first pairs are averaged with
@@ -42,7 +43,7 @@ class GoodputConstants:
     # between two results holds one step's GPU work and the next one's host work): 3.  A probe
     # runs `window` steps of the other mode, so that its last one is steady.
     PROBE_STEPS = 2  # (set per instance from `window`)
-    OV_DECAY = 0.98  # per prefill forward: the prefill overhead forgets over ~50 of them
+    OV_DECAY = 0.98  # per refill forward: the prefill overhead forgets over ~50 of them
     EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
     STALL_MAX = 2.0  # a steady step counts for at most this many times the estimate it updates
     # A probe's acceptance this many standard errors from the estimate: the requests changed

@@ -70,11 +70,17 @@ class Goodput(Decision):
             self._f += (m - self._f) * self._f_w
         d = self._decoded = self._decoded + 1
         span = d if d < self.BURST_STEPS else self.BURST_STEPS
+        burst = self._read_burst(bs) if self._burst else 0
+        if bs >= self._peak:
+            self._peak, self._peak_age = bs, 0
+        else:
+            age = self._peak_age = self._peak_age + 1
+            if age > self.PEAK_STEPS:
+                self._peak, self._peak_age = bs, 0
         if self._refilled:
             cn = self._clump_n = self._clump_n + 1
-            self._clump_p += ((1.0 if self._burst else 0.0) - self._clump_p) / (cn if cn < self.BURST_STEPS else self.BURST_STEPS)
-        if self._burst:  # the prompts since the last decode step were one burst
-            burst, self._burst = self._burst, 0
+            self._clump_p += ((1.0 if burst else 0.0) - self._clump_p) / (cn if cn < self.BURST_STEPS else self.BURST_STEPS)
+        if burst:  # the prompts since the last decode step were one burst
             n = self._burst_n
             self._burst_n = float(burst) if n is None else n + self.PF_WEIGHT * (burst - n)
             self._burst_p += (1.0 - self._burst_p) / span
@@ -168,23 +174,31 @@ class Goodput(Decision):
                     # stands in until the first steady one replaces it.  One beside a prefill can be
                     # shorter than a step (two results read close together on a live server): not that.
                     if not clean or self._after_pf:
-                        pass
+                        self._rec_blind = True  # (the prefill's cost beside it is not known)
                     elif self._buffer_times:  # ranks take it as agreed, with the steady ones
                         self._t_sum[m][b] += t
                         self._t_cnt[m][b] += 1
                     else:
                         self.t_est[m][b], self._seeded[m][b] = t, True
                         changed = True
-                elif not self._seeded[m][b]:
+                elif self._seeded[m][b]:
+                    if not clean or self._after_pf:
+                        self._rec_blind = True
+                else:
                     # What it cost beyond a step, at most EXCESS_MAX steps: more is an outlier (a
                     # warm-up, as the first speculative step of a server's life), not what it costs.
                     x = t - ref if t < (self.EXCESS_MAX + 1.0) * ref else self.EXCESS_MAX * ref
                     if not clean or self._after_pf:  # beside a prefill: the prefill's overhead
-                        self._overhead(m, x, 0)
+                        self._rec_s += x
                     elif self._sw_dir >= 0 and self._window not in (0, self._window_all):
                         self._sw_sum += x  # in a switch's aftermath: the switch's cost
                         self._sw_n += 1
-        self._after_pf = False
+        elif not clean or self._after_pf:
+            self._rec_blind = True
+        if self._after_pf:
+            self._after_pf = False
+            self._close_forward(burst)
+            changed = True
         if self._sw_dir >= 0 and self._window in (0, self._window_all) and self._sw_n:
             self._end_switch()  # steady again: the switch's aftermath is over
         if changed:

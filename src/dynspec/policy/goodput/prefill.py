@@ -20,6 +20,11 @@ class PrefillAccount(AcceptanceEstimates):
         # per admitted request (decayed counts), and the agreed durations' sums for the fixed cost
         # of a forward (least squares of seconds on tokens): n, sum x, sum y, sum xx, sum xy.
         self._per_prefill: float | None = None
+        self._burst_fwd = 0  # forwards in the burst under way
+        self._presumed = False  # the burst under way is the first forward's (_per_prefill presumed)
+        # The largest batch of the last decode steps (a sliding max over about PEAK_STEPS): the
+        # size a burst refills to.  A finish whose successor has not come by then is over.
+        self._peak, self._peak_age = 0, 0
         self._admitted = self._emitted = 0.0
         self._prompt_tokens = 0.0  # prompt tokens prefilled, decayed as _admitted (_merge)
         self._pf_max_tokens = 0  # the most tokens one prefill forward held: at most a chunk
@@ -38,11 +43,20 @@ class PrefillAccount(AcceptanceEstimates):
         self._clump_p, self._clump_n = 0.0, 0
         self._lock = False  # finishes in lockstep (_read_bursts), as of the last burst or LOCK_EVERY decode steps
         self._after_pf = False  # a prefill result came since the last decode result
-        # Prefill overhead by mode: wall seconds around prefill forwards beyond the decode steps'
-        # own (decayed sums), and the requests those prefills admitted; buffered for an agreement (TP).
-        self._ov = [[0.0, 0.0], [0.0, 0.0]]
-        self._ov_buf = [0.0, 0.0, 0.0, 0.0]
-        self._cp = self._cs = 0.0  # _per_request, kept current by _overhead
+        # Prefill overhead: wall seconds around prefill forwards beyond the decode steps' own, per
+        # request admitted (decayed sums), one figure for both modes: it follows the prompts, a
+        # figure per mode goes stale in the mode that stopped running, and each prefill is read
+        # in whichever mode happened to run beside it.  Only forwards that refill finished
+        # requests count (_read_burst): a load's first wave (many prompts in one forward, cheap
+        # per request) says nothing of what a refill costs.  Buffered for an agreement (TP).
+        self._ov = [0.0, 0.0]
+        self._ov_buf = [0.0, 0.0]
+        # The forwards since the last decode result: the seconds charged to them (the decode
+        # result that held a launch, their own results, the first decode result after them),
+        # their requests, and whether one came on an idle server.
+        self._rec_s, self._rec_n, self._rec_idle = 0.0, 0, False
+        self._rec_blind = False  # a decode result beside them had no steady time to compare with
+        self._c_req = 0.0  # the prefill overhead per request as used (_overhead)
         self._mid = [bucket_mid(b) for b in range(n)]
 
     def _prefills(self, b: int, acc: float, tp: float, ts: float) -> float:
@@ -105,6 +119,25 @@ class PrefillAccount(AcceptanceEstimates):
         extra = (-math.expm1(-lam) / lam if lam > 1e-9 else 1.0) - 1.0 / g
         return lam * extra * min(fixed, tp) / ts if extra > 0.0 else 0.0
 
+    def _read_burst(self, bs: int) -> int:
+        """The prompts since the last decode step, now decoding at batch bs: how many refill
+        requests that finished (the rest grew the batch past its size over the last steps: a new
+        load's first wave, which says nothing of how finishes come).  Requests per forward
+        (_per_prefill) counts those."""
+        burst, fw, self._burst, self._burst_fwd = self._burst, self._burst_fwd, 0, 0
+        if self._presumed:  # (a server's first forward: idle, so it prices nothing)
+            self._presumed = False
+        else:
+            grew = bs - self._peak
+            if grew > 0:
+                burst = burst - grew if burst > grew else 0
+            if burst and fw:
+                g = self._per_prefill
+                x = burst / fw
+                self._per_prefill = x if g is None else g + self.PF_WEIGHT * (x - g)
+        self._peak, self._peak_age = bs, 0
+        return burst
+
     def _read_bursts(self) -> None:
         """How far requests finish together beyond chance: _lock, and the lead that goes with it.
 
@@ -131,16 +164,19 @@ class PrefillAccount(AcceptanceEstimates):
 
     def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
         self._after_pf = True
-        if seconds is not None and self.use_times and seconds > 0.0 and not idle:
-            # The forward's whole interval is beyond the decode steps: the mode in force pays it.
-            # Not after an idle pause: a whole forward's latency (waking included) that either
-            # mode pays alike, and goodput speculates where loads are light enough to go idle,
-            # so counting it would price the mode by the load it ran at, not by what it does.
-            self._overhead(self._window & 1, seconds, requests)
-        g, w = self._per_prefill, self.PF_WEIGHT
+        # The forward's whole interval is beyond the decode steps.  Not after an idle pause: a
+        # whole forward's latency (waking included), which says nothing of a refill's cost.
+        if idle:
+            self._rec_idle = True
+        elif seconds is not None and self.use_times and seconds > 0.0:
+            self._rec_s += seconds
+        self._rec_n += requests
         self._refilled = self._refilled or self._emitted > 0.0  # a prompt after decoding began
-        self._burst += requests
-        self._per_prefill = float(requests) if g is None else g + w * (requests - g)
+        self._burst += requests  # read at the next decode step (_read_burst)
+        self._burst_fwd += 1
+        if self._per_prefill is None:  # the first forward: the first wave of a closed loop is
+            self._per_prefill = float(requests)  # presumed in lockstep until refills show otherwise
+            self._presumed = True
         d = self.OUT_DECAY
         self._admitted = self._admitted * d + requests
         self._prompt_tokens = self._prompt_tokens * d + tokens
@@ -176,30 +212,28 @@ class PrefillAccount(AcceptanceEstimates):
         else:
             self._pf_fixed = my
 
-    def _overhead(self, mode: int, seconds: float, requests: float) -> None:
-        """Wall time around prefills beyond the decode steps' own, in `mode`, and the requests
-        those prefills admitted (decayed sums; buffered for an agreement under TP)."""
-        if self._buffer_times:
-            buf = self._ov_buf
-            buf[2 * mode] += seconds
-            buf[2 * mode + 1] += requests
+    def _close_forward(self, refills: int) -> None:
+        """The first decode result after prefill forwards came, `refills` of their requests
+        successors of finished ones (_read_burst): what they cost is known.  A chunk of a prompt
+        (no request admitted) carries its seconds to the forward that ends it."""
+        n = self._rec_n
+        if n <= 0:
             return
-        ov, d = self._ov[mode], self.OV_DECAY if requests else 1.0
+        if refills > 0 and not self._rec_idle and not self._rec_blind:
+            self._overhead(self._rec_s * refills / n, refills)
+        self._rec_s, self._rec_n, self._rec_idle, self._rec_blind = 0.0, 0, False, False
+
+    def _overhead(self, seconds: float, requests: float) -> None:
+        """Wall time around prefills beyond the decode steps' own and the requests those
+        prefills admitted (decayed sums; buffered for an agreement under TP)."""
+        if self._buffer_times:
+            self._ov_buf[0] += seconds
+            self._ov_buf[1] += requests
+            return
+        ov, d = self._ov, self.OV_DECAY
         ov[0] = ov[0] * d + seconds
         ov[1] = ov[1] * d + requests
-        self._cp, self._cs = self._per_request()
-
-    def _per_request(self) -> tuple[float, float]:
-        """Prefill overhead per admitted request, plain and spec (a mode not seen takes the other's),
-        plain's never above spec's: a plain-mode prefill does a subset of a speculative one's work
-        (the draft's K and V, not its forward), so more is a stale outlier (a warm-up's compile,
-        kept while the server speculates and no plain prefill comes to replace it)."""
-        (sp, np_), (ss, ns) = self._ov
-        cp = max(sp, 0.0) / np_ if np_ > 0.0 else None
-        cs = max(ss, 0.0) / ns if ns > 0.0 else None
-        if cs is None:
-            return (cp or 0.0), (cp or 0.0)
-        return (cs if cp is None or cp > cs else cp), cs
+        self._c_req = max(ov[0], 0.0) / ov[1] if ov[1] > 0.0 else 0.0
 
     def _costs(self, b: int, acc: float, tp: float, ts: float) -> tuple[float, float]:
         """What a plain and a spec step cost the server's throughput in bucket b: the step, and
@@ -208,7 +242,8 @@ class PrefillAccount(AcceptanceEstimates):
         if not self._refilled or self._emitted <= 0.0:  # output per request is known once one finished
             return tp, ts
         per = self._mid[b] * self._admitted / self._emitted
-        return tp + self._cp * per, ts + self._cs * per * (1.0 + acc)
+        c = self._c_req * per
+        return tp + c, ts + c * (1.0 + acc)
 
     def prefill_estimates(self) -> dict:
         """What it reads from prefill forwards (note_prefill): their fixed cost, requests per
@@ -218,9 +253,8 @@ class PrefillAccount(AcceptanceEstimates):
         def r(x: float | None, k: int = 3) -> float | None:
             return None if x is None else round(x, k)
 
-        cp, cs = self._per_request()
         return {"fixed_ms": r(None if self._pf_fixed is None else 1000 * self._pf_fixed),
-                "overhead_ms_per_request": {"plain": round(1000 * cp, 3), "spec": round(1000 * cs, 3)},
+                "overhead_ms_per_request": round(1000 * self._c_req, 3),
                 "requests_per_prefill": r(self._per_prefill), "requests_per_burst": r(self._burst_n),
                 "steps_after_a_burst": r(self._burst_p, 4),
                 "output_per_request": r(self._emitted / self._admitted if self._admitted else None, 1),

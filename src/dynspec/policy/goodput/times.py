@@ -216,7 +216,7 @@ class StepTimes(PrefillAccount):
     def sync_values(self) -> list[float]:
         """Step-time and switch-cost sums and counts measured since the last agreement,
         [kind][bucket], then the timed prefill forwards' sums (count, tokens, seconds, tokens^2,
-        tokens x seconds), then the prefill overhead (seconds, requests) of plain and spec."""
+        tokens x seconds), then the prefill overhead (seconds, requests)."""
         cnt = self._t_cnt
         return [*(v for row in self._t_sum for v in row), *(float(c) for row in cnt for c in row),
                 *self._pf_buf, *self._ov_buf]
@@ -226,8 +226,8 @@ class StepTimes(PrefillAccount):
         (each rank drops intervals it cannot trust on its own), and the agreed sums are
         divided by the agreed counts: every rank folds the same means with the same weights."""
         n, k, kinds = len(BUCKET_EDGES), len(self._pf_buf), len(self._t_sum)
-        if len(agreed) != 2 * kinds * n + k + 4:
-            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {2 * kinds * n + k + 4}")
+        if len(agreed) != 2 * kinds * n + k + 2:
+            raise RuntimeError(f"sync hook returned {len(agreed)} values, expected {2 * kinds * n + k + 2}")
         at = 2 * kinds * n
         if agreed[at] > 0:  # timed prefill forwards: fold the rank-mean sums into the fit
             for i in range(k):
@@ -237,11 +237,10 @@ class StepTimes(PrefillAccount):
         self._pf_buf = [0.0] * k
         ov = agreed[at + k:]
         self._buffer_times = False  # fold the agreed overheads as one process would
-        for mode in (0, 1):
-            if ov[2 * mode] or ov[2 * mode + 1]:
-                self._overhead(mode, ov[2 * mode], ov[2 * mode + 1])
+        if ov[1]:
+            self._overhead(ov[0], ov[1])
         self._buffer_times = True
-        self._ov_buf = [0.0, 0.0, 0.0, 0.0]
+        self._ov_buf = [0.0, 0.0]
         for kind in range(kinds):
             for b in range(n):
                 c = agreed[(kinds + kind) * n + b]  # rank-mean count: the rank-mean sum over it is the mean time
