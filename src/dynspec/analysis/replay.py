@@ -1,0 +1,117 @@
+"""A live server's step trace replayed through a policy's estimates: what goodput would have read.
+
+A goodput server's DYNSPEC_STEP_TRACE holds every launch (f, p, s) and result (F, P, S) with its
+wall time, batch size and accepted drafts.  This feeds the results to a fresh policy in order, as
+the server fed its own (each step's mode forced to the one it ran, its interval since the last
+result, `clean` when no prefill launch came between), and prints per level (a stretch between
+idle gaps over a second) the spec/plain gain the policy would weigh at the level's largest batch.
+Set beside the arms' throughputs, it shows which of the policy's estimates stray from what the
+server did, on the server's own timings, without another run.
+
+Approximations, so a check of estimates, not a measurement: a result's accepted drafts are spread
+evenly over its requests, and its KV tokens are rebuilt from the prompts' and steps' tokens (the
+trace keeps neither).
+
+    python -m dynspec.analysis.replay RUN_DIR/traces.call1/goodput.csv.gz [--spec goodput:window=3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import statistics
+import sys
+from pathlib import Path
+
+from dynspec.policy import Goodput, StepRecord, build_policy
+from dynspec.policy.base import PolicySpecError
+
+
+def read_levels(path: Path) -> list[list[dict]]:
+    """The trace's rows, split where the server sat idle for over a second."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        rows = list(csv.DictReader(f))
+    levels: list[list[dict]] = []
+    last = None
+    for r in rows:
+        t = float(r["t"])
+        if last is None or t - last > 1.0:
+            levels.append([])
+        levels[-1].append(r)
+        last = t
+    return levels
+
+
+def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dict]:
+    """Per level: its largest batch, the share of its steps that speculated, and the median gain
+    the policy weighed at that batch (None where it had no estimate)."""
+    p = build_policy(spec)
+    if not isinstance(p, Goodput):
+        raise PolicySpecError(f"{spec}: replay reads goodput's estimates")
+    out = []
+    for level in levels:
+        decodes = [int(r["batch"]) for r in level if r["kind"] in "SP"]
+        if not decodes:
+            continue
+        peak, gains = max(decodes), []
+        last: float | None = None
+        dirty, ctx, n, decoded = False, 0.0, 0, False
+        for r in level:
+            kind, b, t = r["kind"], int(r["batch"]), float(r["t"])
+            if kind in "fps":  # launches: a prefill's, or a decode step's mode decided
+                if kind == "f":
+                    dirty = True
+                    continue
+                if b == peak:
+                    g = p._gain(p._last_b)
+                    if g is not None:
+                        gains.append(g)
+                p.decide(b)
+                p._window = ((p._window >> 1) << 1) | (kind == "s")  # the mode it ran
+                continue
+            dt = None if last is None else t - last
+            last = t
+            c = int(r["count"])
+            if kind == "F":
+                ctx, n = ctx + c, n + b
+                p.note_prefill(b, c, dt, not decoded)
+                continue
+            decoded = True
+            if 0 < b < n:  # requests left: the rest keep their share of the context
+                ctx *= b / n
+            n = b
+            spec_step = kind == "S"
+            acc = [c // b + (1 if i < c % b else 0) for i in range(b)] if spec_step and b else ()
+            p.observe(StepRecord(b, spec_step, acc, dt, None, not dirty, None, int(ctx)))
+            ctx += b + (c if spec_step else 0)
+            dirty = False
+        share = sum(1 for r in level if r["kind"] == "S") / len(decodes)
+        out.append({"peak_batch": peak, "spec_share": round(share, 3),
+                    "gain": round(statistics.median(gains), 3) if gains else None,
+                    "overhead_ms_per_request": p.prefill_estimates()["overhead_ms_per_request"]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path, help="a DYNSPEC_STEP_TRACE file (.csv or .csv.gz)")
+    ap.add_argument("--spec", default="goodput:window=3", help="the policy (default goodput:window=3, as a live server runs it)")
+    a = ap.parse_args(argv)
+    if not a.trace.is_file():
+        print(f"{a.trace}: no such file", file=sys.stderr)
+        return 2
+    try:
+        rows = replay(read_levels(a.trace), a.spec)
+    except (PolicySpecError, KeyError, ValueError) as e:
+        print(f"{a.trace}: {e}", file=sys.stderr)
+        return 2
+    print("level\tpeak batch\tspec share\tgain at peak\tprefill ms/request")
+    for i, r in enumerate(rows):
+        print(f"{i}\t{r['peak_batch']}\t{r['spec_share']}\t{r['gain']}\t{r['overhead_ms_per_request']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

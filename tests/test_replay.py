@@ -1,0 +1,55 @@
+"""dynspec.analysis.replay: a step trace read back through goodput's estimates."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from dynspec.analysis.replay import main, read_levels, replay
+
+
+def write_trace(path, spec_ms: float, plain_ms: float = 7.3, batch: int = 32, levels: int = 2) -> None:
+    """Levels of a closed loop at `batch`, alternating stretches of each mode (as a goodput server
+    probes), a request finishing every tenth step and refilled one step later; spec steps accept
+    1.2 drafts a request."""
+    t, lines = 100.0, ["t,kind,batch,count"]
+    for _ in range(levels):
+        lines.append(f"{t:.6f},F,{batch},{batch * 128}")
+        for i in range(400):
+            spec = (i // 40) % 2 == 1
+            bs = batch - 1 if i % 10 == 9 else batch
+            lines.append(f"{t:.6f},{'s' if spec else 'p'},{bs},0")
+            t += (spec_ms if spec else plain_ms) / 1000
+            lines.append(f"{t:.6f},{'S' if spec else 'P'},{bs},{round(1.2 * bs) if spec else 0}")
+            if bs < batch:
+                lines.append(f"{t:.6f},f,0,0")
+                t += 0.008
+                lines.append(f"{t:.6f},F,1,128")
+        t += 5.0  # idle between levels
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("spec_ms, wins", [(13.0, True), (18.0, False)])
+def test_the_gain_read_back_follows_the_step_costs(tmp_path, spec_ms, wins):
+    # 2.2 tokens a request for 13 ms against 7.3 ms for one: speculation wins by about 20%;
+    # for 18 ms it loses by about 10%.
+    path = tmp_path / "goodput.csv.gz"
+    write_trace(path, spec_ms)
+    rows = replay(read_levels(path))
+    assert [r["peak_batch"] for r in rows] == [32, 32]
+    assert rows[1]["spec_share"] == pytest.approx(0.5, abs=0.01)
+    gain = rows[1]["gain"]
+    assert (gain > 1.1) if wins else (gain < 0.95), gain
+    assert rows[1]["overhead_ms_per_request"] > 5.0  # the 8 ms refill forwards
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path / "missing.csv")]) == 2
+    path = tmp_path / "goodput.csv.gz"
+    write_trace(path, 13.0, levels=1)
+    assert main([str(path), "--spec", "never"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "replay reads goodput's estimates" in err[1]
+    assert main([str(path)]) == 0
