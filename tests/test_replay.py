@@ -53,3 +53,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "replay reads goodput's estimates" in err[1]
     assert main([str(path)]) == 0
+    other = tmp_path / "results.csv"
+    other.write_text("arm,concurrency\nbaseline,8\n")
+    assert main([str(other)]) == 2
+    assert "not a step trace" in capsys.readouterr().err

@@ -25,14 +25,21 @@ import sys
 from pathlib import Path
 
 from dynspec.policy import Goodput, StepRecord, build_policy
+from dynspec.analysis.rank_traces import TraceError
 from dynspec.policy.base import PolicySpecError
 
 
 def read_levels(path: Path) -> list[list[dict]]:
     """The trace's rows, split where the server sat idle for over a second."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with opener(path, "rt") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != ["t", "kind", "batch", "count"]:
+                raise TraceError(f"{path}: not a step trace (first line should be t,kind,batch,count)")
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read ({exc})") from None
     levels: list[list[dict]] = []
     last = None
     for r in rows:
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows = replay(read_levels(a.trace), a.spec)
-    except (PolicySpecError, KeyError, ValueError) as e:
+    except (TraceError, PolicySpecError, KeyError, ValueError) as e:
         print(f"{a.trace}: {e}", file=sys.stderr)
         return 2
     print("level\tpeak batch\tspec share\tgain at peak\tprefill ms/request")

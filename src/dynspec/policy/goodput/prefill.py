@@ -125,7 +125,7 @@ class PrefillAccount(AcceptanceEstimates):
         load's first wave, which says nothing of how finishes come).  Requests per forward
         (_per_prefill) counts those."""
         burst, fw, self._burst, self._burst_fwd = self._burst, self._burst_fwd, 0, 0
-        if self._presumed:  # (a server's first forward: idle, so it prices nothing)
+        if self._presumed:  # a server's first forward: taken whole (note_prefill)
             self._presumed = False
         else:
             grew = bs - self._peak
