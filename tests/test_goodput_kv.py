@@ -86,7 +86,7 @@ def test_the_slope_is_learned_per_mode_from_steady_steps():
     q = build_policy("goodput:window=2")
     for _ in range(300):
         q.observe(StepRecord(16, True, [2] * 16, 0.012, None, True))
-    assert q.estimates()["16+"]["kv_tokens"] is None
+    assert q.estimates()["16+"]["kv_tokens"] == [None, None]
     assert q.estimates()["16+"]["us_per_kv_token"] == [0.0, 0.0]
 
 

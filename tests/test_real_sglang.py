@@ -189,9 +189,10 @@ def test_counters_follow_each_policy(runs):
         assert c["prompts_prefilled"] >= len(LEVELS) * N_PROMPTS and 0 < c["prefills"] <= c["prompts_prefilled"], arm
     # The tokens in each step's KV cache reach goodput (0001 marks the result at launch with
     # ModelWorkerBatch.seq_lens_sum, 0002 passes it): its step times stand at the KV tokens they
-    # were measured at: at least one per request of the bucket, and a few thousand at most here
-    steps = {int(b.rstrip("+")): e["kv_tokens"] for b, e in good["estimates"].items() if e.get("kv_tokens") is not None}
-    assert steps and all(b <= kv <= 8192 for b, kv in steps.items()), good["estimates"]
+    # were measured at: at least one per request of the bucket, and a few thousand at most here.
+    # Either mode: on a CPU speculating is so slow that goodput may never time a steady spec step.
+    steps = [(int(b.rstrip("+")), kv) for b, e in good["estimates"].items() for kv in e["kv_tokens"] if kv is not None]
+    assert steps and all(b <= kv <= 8192 for b, kv in steps), good["estimates"]
     est = good["prefill_estimates"]
     assert est["requests_per_burst"] >= 1 and est["output_per_request"] > 1 and est["fixed_ms"] > 0, est
     assert 0.02 <= est["lead"] <= 0.05, est  # the lead as finishes come, between lead_apart and lead

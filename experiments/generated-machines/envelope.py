@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--range-ratio", type=float, default=None, metavar="R",
                     help="with --family: output lengths drawn in [R x the member's, the member's] per request "
                          "(bench_serving's --random-range-ratio; default 1: one fixed length)")
-    ap.add_argument("--level-scale", type=int, default=1, metavar="K",
-                    help="with --family: each level serves K x max(5C, 50) requests (default 1), so what a "
-                         "level pays once (learning from nothing, the drain) weighs less")
+    ap.add_argument("--level-scale", type=int, default=None, metavar="K",
+                    help="with --family: each level serves K x max(5C, 50) requests (default 1; 4 with "
+                         "--candidate-steps), so what a level pays once (learning from nothing, the drain) "
+                         "weighs less")
     ap.add_argument("--confirm", type=int, default=0, metavar="K",
                     help="with --family: rerun every member-level where dynamic is below the target of "
                          "max(never, eagle3), whole or steady, with simulator seeds 1..K-1 and judge it again "
@@ -78,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --family: a server that runs any of these draft lengths (SGLang 0.5.23's, e.g. "
                          "0,1,3,5,7): goodput-k against the best static K per level, SGLang's tiers, on/off "
                          "goodput and a batch-size -> K table (dynspec.analysis.family_k); output lengths "
-                         "varied (--range-ratio, default 0.5 here)")
+                         "varied (--range-ratio, default 0.5 here) and twenty-wave levels (--level-scale 4)")
     args = ap.parse_args(argv)
     args.argv = ["experiments/generated-machines/envelope.py", *(sys.argv[1:] if argv is None else argv)]
     if args.confirm == 1 or args.confirm < 0:
         ap.error(f"--confirm must be 0 (off) or at least 2 seeds, got {args.confirm}")
+    if args.level_scale is None:
+        # Draft lengths are judged over the steady state: a five-wave level of a TTFT-heavy member
+        # has too little of one to tell static K apart (steady_throughput)
+        args.level_scale = 4 if args.candidate_steps else 1
     if args.level_scale < 1:
         ap.error(f"--level-scale must be an integer >= 1, got {args.level_scale}")
     if args.range_ratio is None:

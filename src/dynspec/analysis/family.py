@@ -216,23 +216,33 @@ def level_requests(m: Member, c: int, range_ratio: float = 1.0, level_scale: int
 
 def level_throughputs(profile: Profile, arm: str, c: int, seed: int = 0, **work) -> tuple[float, float]:
     """Simulated output tok/s of one closed-loop level over the whole run and over its steady
-    state.  A closed loop starts with all C prompts at once (one wave, prefilled before anything
-    decodes) and ends in a drain (after the last request is sent the batch empties); a server
-    under constant load has neither.  Speculation's scattered finishes pay more of the drain than a
-    plain lockstep, whose last wave ends together, and where prefill is most of the work the two
-    ends nearly cancel.  The steady figure leaves both out: C clients' back-to-back requests as
-    Little's law has it, C x tokens / latency summed over the requests sent after the first ones
-    and finished by the last send (each one's whole life, prefill included, spent among C in
-    flight).  A time window would not do: cut where a lockstep has split into groups it holds the
-    prefills of groups sent before the cut without their tokens."""
+    state (steady_throughput).  A closed loop starts with all C prompts at once (one wave,
+    prefilled before anything decodes) and ends in a drain (after the last request is sent the
+    batch empties); a server under constant load has neither.  Speculation's scattered finishes
+    pay more of the drain than a plain lockstep, whose last wave ends together, and where prefill
+    is most of the work the two ends nearly cancel."""
     from dynspec.sim.run import simulate_level
 
     metrics, records = simulate_level(profile, arm, c, seed=seed, **work)
+    return metrics["output_throughput"], steady_throughput(records, c)
+
+
+def steady_throughput(records, c: int) -> float:
+    """Output tok/s of C clients' back-to-back requests as Little's law has it: C x tokens /
+    latency summed over a cohort chosen by send time alone, each request's whole life (prefill
+    included) spent among C in flight.  The cohort is the requests sent after the first wave and
+    before the first send of any request still running at the last send: every one of them has
+    finished by then, so none is left out for being slow.  Choosing instead the requests that
+    finished by the last send keeps a late request only if it was quick, and the more requests'
+    latencies spread (a long draft chain's scatter) the higher that reads: on a five-wave level of
+    a TTFT-heavy member, K=7 by 10% over a level 12x as long.  A time window would not do either:
+    cut where a lockstep has split into groups it holds the prefills of groups sent before the
+    cut without their tokens."""
     first, last = min(r.start for r in records), max(r.start for r in records)
-    done = [r for r in records if first < r.start and r.end <= last]
-    busy = sum(r.end - r.start for r in done)
-    steady = c * sum(r.output_tokens for r in done) / busy if busy > 0 else math.nan
-    return metrics["output_throughput"], steady
+    cut = min((r.start for r in records if r.end > last), default=math.inf)
+    cohort = [r for r in records if first < r.start < cut]
+    busy = sum(r.end - r.start for r in cohort)
+    return c * sum(r.output_tokens for r in cohort) / busy if busy > 0 else math.nan
 
 
 def run_member(m: Member, arms=ARMS, levels=LEVELS, sim_seed: int = 0, range_ratio: float = 1.0,

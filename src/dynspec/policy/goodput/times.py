@@ -264,16 +264,17 @@ class StepTimes(PrefillAccount):
             if tp is not None and ts is not None and acc is not None:
                 cp, cs = self._costs(b, acc, tp, ts)
                 ratio = round(cs / cp, 4)
-            kv = self._kv_ref[1][b]
+            kv = [self._kv_ref[m][b] for m in (0, 1)]
             out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
                                "spec_ms": None if ts is None else round(1000 * ts, 3),
                                "accepted": None if acc is None else round(acc, 3),
                                "resume_ms": round(1000 * self._t_resume[b], 3),
                                "pause_ms": round(1000 * self._t_pause[b], 3),
                                "cost_ratio": ratio, "speculate": self._choice[b],
-                               # the point the spec time stands at, and each mode's plane there
-                               "kv_tokens": None if kv is None else round(kv),
-                               "batch": None if kv is None else round(self._bs_ref[1][b], 1),
+                               # [plain, spec]: the point each time stands at, and its plane there
+                               "kv_tokens": [None if x is None else round(x) for x in kv],
+                               "batch": [None if x is None else round(self._bs_ref[m][b], 1)
+                                         for m, x in enumerate(kv)],
                                "us_per_kv_token": [round(1e6 * self._kv_slope[m][b], 5) for m in (0, 1)],
                                "ms_per_request": [round(1e3 * self._bs_slope[m][b], 4) for m in (0, 1)]}
         return out
