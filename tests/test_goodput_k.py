@@ -291,6 +291,46 @@ def test_at_batch_one_goodputs_acceptance_leans_on_every_ks_steps():
     assert _share_of_best_static_k(0, 66, 1) >= 0.97
 
 
+def _share_at_scale(seed: int, index: int, c: int, scale: int) -> float:
+    from dynspec.analysis.family import level_requests, level_throughputs, member
+
+    m = member(seed, index)
+    work, cands = level_requests(m, c, 0.5, scale), [0, 1, 3, 5, 7]
+    arms = ["policy:never", *(f"policy:table:1-={k}" for k in cands[1:])]
+    best = max(level_throughputs(m.profile(), a, c, 0, candidate_steps=cands, **work)[1] for a in arms)
+    return level_throughputs(m.profile(), "policy:goodput-k", c, 0, candidate_steps=cands, **work)[1] / best
+
+
+def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
+    """Member 2718:22 at C=1 (requests differ: concentration 4.7; K = 3 the best static K):
+    with one K for every request goodput-k kept 0.979 of the best static K (twenty waves), where
+    SGLang 0.5.23's tiers, moving K with each request's acceptance, reached 1.032.  Choosing K
+    for the request's own acceptance (its estimate over the population's, every position's rate
+    scaled by one factor), it beats the best static K."""
+    assert _share_at_scale(2718, 22, 1, 4) >= 1.01
+    # The factor: a request that has accepted more than most runs a deeper chain than the
+    # population's choice, one that accepted less a shallower one; none told: the population's.
+    from dynspec.policy.goodput import steps
+
+    g = build_policy("goodput-k")
+    g.set_candidate_steps([0, 1, 3, 5, 7], 3)
+    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.75, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7)]
+    g._surv = g._survival()
+    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    inner = g.inner
+    inner.set_batch(["a"])
+    monkeypatch.setattr(inner, "_population", lambda b, regime=1.0: 2.0)
+    for own, deeper in ((3.0, True), (1.0, False)):
+        monkeypatch.setattr(inner, "_accepted", lambda b, own=own: own)
+        cum = g._request_cum(0)
+        assert (cum[7] - cum[3] > g._cum[7] - g._cum[3]) is deeper
+        assert cum[3] == pytest.approx(own / 2.0 * g._cum[3], rel=1e-4)
+    monkeypatch.setattr(inner, "_accepted", lambda b: 2.0)
+    assert g._request_cum(0) is g._cum
+    monkeypatch.setattr(steps, "_OWN_K_BUCKETS", 0)  # the mechanism off: as before
+    assert _share_at_scale(2718, 22, 1, 4) < 0.99
+
+
 def test_a_change_of_k_rescales_how_requests_differ():
     """Member 2713:46 at C=32 (K = 1 best, 1.11x plain): the spread between requests measured
     at K = 4 made the slow ones linger at K = 1 beyond what accepted drafts of 0 or 1 allow, and

@@ -94,6 +94,8 @@ MECHANISMS: dict[str, tuple[str, str, Callable[[], contextlib.ExitStack] | None,
                 "a change of K rescales how requests differ"),
     "lead-by-k": ("goodput-k", "", _patches((steps, "LEAD_BY_K", False)),
                   "the lead follows the drafts the chosen K accepts"),
+    "own-k": ("goodput-k", "", _patches((steps, "_OWN_K_BUCKETS", 0)),
+              "at batch 1, K follows the request's own acceptance"),
 }
 
 METRICS = (("output_throughput", 1), ("mean_tpot_ms", -1), ("mean_e2e_ms", -1))  # 1: higher is better

@@ -68,6 +68,11 @@ _DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
 PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
 LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's K accepts
+# Batch sizes up to this choose K for their own requests' acceptance (_request_cum), not the
+# population's: at batch 1 the one request decides what a deeper chain earns.
+OWN_K_UP_TO = 1
+_OWN_K_BUCKETS = _BUCKETS[OWN_K_UP_TO] + 1
+OWN_MARGIN = 0.01  # what a request's own K must promise over the one running
 
 
 def _line(pts: list[tuple[int, float]], t0: float | None, k: int) -> float | None:
@@ -109,6 +114,9 @@ class GoodputK(Policy):
         self._prev_k = -1  # the K of the previous step (steady timing)
         self._updates = 0
         self._by_k = False  # candidates set and K chosen locally
+        self._own_key: tuple | None = None  # _request_cum's last inputs and answer
+        self._own_cum: list[float] = []
+        self._own_batch: object = None  # the requests K was last chosen for (Goodput._batch)
         # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
         self.set_batch = inner.set_batch  # type: ignore[method-assign]
         self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
@@ -133,10 +141,15 @@ class GoodputK(Policy):
         return self.inner.decide(batch_size)
 
     def decide_steps(self, batch_size: int) -> int:
-        spec = self._inner_decide(batch_size)
         if not self._by_k:  # no candidates, or tensor parallel: the server's own count
-            return self.on_steps if spec else 0
+            return self.on_steps if self._inner_decide(batch_size) else 0
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
+        if b < _OWN_K_BUCKETS and self.inner._batch is not self._own_batch:
+            # new requests: their K from what is known of them (at first, the population's),
+            # before the on/off decision weighs it, not the K their predecessor left
+            self._own_batch = self.inner._batch
+            self._choose(b)
+        spec = self._inner_decide(batch_size)
         if self._probe_left:
             if self._probe_b == b and (spec or self._probe_plain) and not (spec and self.inner._probing):
                 self._probe_left -= 1
@@ -243,6 +256,8 @@ class GoodputK(Policy):
         plain step through one K is too steep: too cheap below it, too dear above.  Such an
         estimate may send a probe, not the choice."""
         cum, tk, out = self._cum, self.t_k[b], {}
+        if b < _OWN_K_BUCKETS and self.inner._batch_bucket == b:
+            cum = self._request_cum(b)
         pts, t0 = self._points(b)
         for k in self._pos:
             t = tk[k]
@@ -250,6 +265,43 @@ class GoodputK(Policy):
                 t = _line(pts, t0, k)
             out[k] = None if t is None else (1.0 + cum[k]) / t
         return out, len(pts) >= 2
+
+    def _request_cum(self, b: int) -> list[float]:
+        """E[accepted | K] for the requests running now in bucket b (ids told, up to OWN_K_UP_TO):
+        Goodput's estimate of their accepted drafts at the bucket's K against the population's
+        (a ratio r, 1 until a request has told something of its own), and every K's as the
+        population's position rates scaled by one factor s, capped at 1, that gives r times the
+        population's at the bucket's K.  (A request that accepts more than most does so at every
+        position, and its deeper positions gain most: the chain is a product.)"""
+        g, cum = self.inner, self._cum
+        own, pop = g._accepted(b), g._population(b, 0.0)  # (the mean _accepted shrinks to)
+        cur = self.k_cur[b]
+        if own is None or not pop or cur <= 0 or abs(own - pop) < 1e-9 * pop:
+            return cum
+        key = (own, pop, cum[cur])
+        if key == self._own_key:
+            return self._own_cum
+        surv, target = self._surv, own / pop * cum[cur]
+        q = [surv[0], *(surv[i] / surv[i - 1] if surv[i - 1] > 0.0 else 0.0 for i in range(1, len(surv)))]
+
+        def chain(s: float, k: int) -> list[float]:
+            out, p, e = [0.0], 1.0, 0.0
+            for j in range(k):
+                x = q[j] * s
+                p *= x if x < 1.0 else 1.0
+                e += p
+                out.append(e)
+            return out
+
+        lo, hi = 0.0, 1.0 / max(min(q), 1e-6)
+        for _ in range(24):  # bisection on s: E[accepted | cur] grows with it
+            mid = 0.5 * (lo + hi)
+            if chain(mid, cur)[cur] < target:
+                lo = mid
+            else:
+                hi = mid
+        self._own_key, self._own_cum = key, chain(0.5 * (lo + hi), len(q))
+        return self._own_cum
 
     def _choose(self, b: int, after_probe: bool = False) -> None:
         if self.tried[0] < MIN_TRIED:  # position 1 barely seen: the estimates are the prior's
@@ -261,9 +313,11 @@ class GoodputK(Policy):
         if rc is None or not known or not (two or tk[cur] is not None):  # both ends measured, or no move
             return
         best = max(known, key=known.__getitem__)
-        if best != cur and known[best] > rc * (1.0 + MARGIN):
+        own = b < _OWN_K_BUCKETS
+        if best != cur and known[best] > rc * (1.0 + (OWN_MARGIN if own else MARGIN)):
             self._switch(b, cur, best)
-            self._probe_iv[b] = PROBE_MIN
+            if not own:  # (there each request moves K: that is no news about the K not run)
+                self._probe_iv[b] = PROBE_MIN
         elif after_probe:
             self._probe_iv[b] = min(2 * self._probe_iv[b], PROBE_MAX)
 
