@@ -271,13 +271,13 @@ def test_ablation_switches_each_mechanism_off_for_its_own_runs_only(tmp_path, ca
     assert not (tmp_path / "bad.jsonl").exists()
 
 
-def _share_of_best_static_k(seed: int, index: int, c: int) -> float:
+def _share_of_best_static_k(seed: int, index: int, c: int, level_scale: int = 1) -> float:
     """goodput-k's steady output tok/s over the best static K's at one member-level of a family
-    (five waves, output lengths in [0.5, 1] x, as envelope.py --candidate-steps runs it)."""
+    (five waves times level_scale, output lengths in [0.5, 1] x, as envelope.py --candidate-steps)."""
     from dynspec.analysis.family import level_requests, level_throughputs, member
 
     m = member(seed, index)
-    work, cands = level_requests(m, c, 0.5, 1), [0, 1, 3, 5, 7]
+    work, cands = level_requests(m, c, 0.5, level_scale), [0, 1, 3, 5, 7]
     arms = ["policy:never", *(f"policy:table:1-={k}" for k in cands[1:])]
     best = max(level_throughputs(m.profile(), a, c, 0, candidate_steps=cands, **work)[1] for a in arms)
     return level_throughputs(m.profile(), "policy:goodput-k", c, 0, candidate_steps=cands, **work)[1] / best
@@ -291,23 +291,13 @@ def test_at_batch_one_goodputs_acceptance_leans_on_every_ks_steps():
     assert _share_of_best_static_k(0, 66, 1) >= 0.97
 
 
-def _share_at_scale(seed: int, index: int, c: int, scale: int) -> float:
-    from dynspec.analysis.family import level_requests, level_throughputs, member
-
-    m = member(seed, index)
-    work, cands = level_requests(m, c, 0.5, scale), [0, 1, 3, 5, 7]
-    arms = ["policy:never", *(f"policy:table:1-={k}" for k in cands[1:])]
-    best = max(level_throughputs(m.profile(), a, c, 0, candidate_steps=cands, **work)[1] for a in arms)
-    return level_throughputs(m.profile(), "policy:goodput-k", c, 0, candidate_steps=cands, **work)[1] / best
-
-
 def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
     """Member 2718:22 at C=1 (requests differ: concentration 4.7; K = 3 the best static K):
     with one K for every request goodput-k kept 0.979 of the best static K (twenty waves), where
     SGLang 0.5.23's tiers, moving K with each request's acceptance, reached 1.032.  Choosing K
     for the request's own acceptance (its estimate over the population's, every position's rate
     scaled by one factor), it beats the best static K."""
-    assert _share_at_scale(2718, 22, 1, 4) >= 1.01
+    assert _share_of_best_static_k(2718, 22, 1, 4) >= 1.01
     # The factor: a request that has accepted more than most runs a deeper chain than the
     # population's choice, one that accepted less a shallower one; none told: the population's.
     from dynspec.policy.goodput import steps
@@ -328,7 +318,7 @@ def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
     monkeypatch.setattr(inner, "_accepted", lambda b: 2.0)
     assert g._request_cum(0) is g._cum
     monkeypatch.setattr(steps, "_OWN_K_BUCKETS", 0)  # the mechanism off: as before
-    assert _share_at_scale(2718, 22, 1, 4) < 0.99
+    assert _share_of_best_static_k(2718, 22, 1, 4) < 0.99
 
 
 def test_a_change_of_k_rescales_how_requests_differ():
@@ -404,3 +394,22 @@ def test_lead_by_k_study_reruns_the_adaptive_arms_both_ways_and_resumes(tmp_path
     with pytest.raises(SystemExit):
         mod.main(["--rows", str(tmp_path / "none.csv.gz"), "--out", str(tmp_path / "bad.csv")])
     assert "not a K-envelope run" in capsys.readouterr().err and not list(tmp_path.glob("bad.csv*"))
+
+
+def test_own_k_study_runs_both_ways_and_refuses_bad_input(capsys):
+    """experiments/generated-machines/own_k.py: member 2718:22 at C=1 moves up with the request's
+    own K (the mechanism is back on after its run without), and bad input is one line."""
+    from benchmark_scripts import load
+
+    from dynspec.policy.goodput import steps
+
+    mod = load("own_k")
+    assert mod.main(["--family", "2718", "--members", "22-22", "--concurrency", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("2718:22"))
+    assert float(row[2]) > float(row[1]) + 0.02 and steps._OWN_K_BUCKETS == 1
+    assert "better by > 0.5% at 1, worse at 0 of 1" in out
+    for bad in (["--members", "5-2"], ["--concurrency", "0"]):
+        with pytest.raises(SystemExit):
+            mod.main(bad)
+        assert "error:" in capsys.readouterr().err

@@ -29,6 +29,11 @@ candidates.
 - While Goodput decodes plainly in a bucket, a K not yet run there whose estimate beats the
   plain step is probed from plain (each at most once per bucket): otherwise a K that would
   pay is never measured where speculating at the chosen K loses.
+- At batch 1 (up to OWN_K_UP_TO) K is chosen for the request running, not the population: its
+  per-position rates are the population's scaled by one factor, the one that gives Goodput's
+  estimate of the request's own accepted drafts (shrunk to the arrivals' by how much requests
+  differ).  A request that accepts more gains most at the deep positions (the chain is a
+  product), so its K is longer; a new request starts from the population's K.
 - K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
   are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
   is read into the counts, then every UPDATE_EVERY-th, and K chosen again after each.
