@@ -77,7 +77,6 @@ LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's 
 # population's: at batch 1 the one request decides what a deeper chain earns.
 OWN_K_UP_TO = 1
 _OWN_K_BUCKETS = _BUCKETS[OWN_K_UP_TO] + 1
-OWN_MARGIN = 0.01  # what a request's own K must promise over the one running
 
 
 def _line(pts: list[tuple[int, float]], t0: float | None, k: int) -> float | None:
@@ -298,8 +297,8 @@ class GoodputK(Policy):
                 out.append(e)
             return out
 
-        lo, hi = 0.0, 1.0 / max(min(q), 1e-6)
-        for _ in range(24):  # bisection on s: E[accepted | cur] grows with it
+        lo, hi = 0.0, 1.0 / max(min(q[:cur]), 1e-3)  # from s = hi on, every position is sure
+        for _ in range(40):  # bisection on s: E[accepted | cur] grows with it
             mid = 0.5 * (lo + hi)
             if chain(mid, cur)[cur] < target:
                 lo = mid
@@ -318,10 +317,9 @@ class GoodputK(Policy):
         if rc is None or not known or not (two or tk[cur] is not None):  # both ends measured, or no move
             return
         best = max(known, key=known.__getitem__)
-        own = b < _OWN_K_BUCKETS
-        if best != cur and known[best] > rc * (1.0 + (OWN_MARGIN if own else MARGIN)):
+        if best != cur and known[best] > rc * (1.0 + MARGIN):
             self._switch(b, cur, best)
-            if not own:  # (there each request moves K: that is no news about the K not run)
+            if b >= _OWN_K_BUCKETS:  # (below, each request moves K: no news about the K not run)
                 self._probe_iv[b] = PROBE_MIN
         elif after_probe:
             self._probe_iv[b] = min(2 * self._probe_iv[b], PROBE_MAX)
