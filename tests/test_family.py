@@ -411,3 +411,20 @@ def test_confirm_rows_go_beside_out_in_its_format(out, confirm):
     from benchmark_scripts import load
 
     assert load("envelope")._confirm_path(out) == confirm
+
+
+def test_steady_measure_study_prints_every_figure_and_refuses_bad_input(capsys):
+    """experiments/generated-machines/steady_measure.py: every arm at every scale, three figures
+    each, the best static K's whole run at the longest scale 1.000; bad input is one line."""
+    from benchmark_scripts import load
+
+    mod = load("steady_measure")
+    assert mod.main(["0:77", "8", "--scales", "1,2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("K=", "goodput-k"))]
+    assert [r[0] for r in rows] == ["K=0", "K=1", "K=3", "K=5", "K=7", "goodput-k"]
+    assert all(len(r) == 7 for r in rows) and max(float(r[4]) for r in rows[:5]) == 1.0
+    for bad in (["0:77", "0"], ["x", "8"], ["0:77", "8", "--scales", "0"]):
+        with pytest.raises(SystemExit):
+            mod.main(bad)
+        assert "error:" in capsys.readouterr().err
+
