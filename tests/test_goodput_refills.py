@@ -99,3 +99,42 @@ def test_a_mode_that_stopped_running_does_not_keep_a_stale_prefill_cost():
     tp, ts = p._times(b)
     cp, cs = p._costs(b, 1.0, tp, ts)
     assert (cs - ts) == pytest.approx(2.0 * (cp - tp))  # a speculative step finishes twice the requests
+
+
+def test_a_first_wave_whose_output_budgets_differ_is_not_presumed_in_lockstep():
+    """A server's first forward is presumed a closed loop's lockstep: its requests would finish
+    together under plain decoding, and speculating scatters them (a prefill's fixed cost per
+    request).  Requests finish at their output budget or before it, so a wave whose budgets
+    spread over more steps than its finishes can share forwards over cannot move in lockstep.
+    On the profile fitted to a live H100 run (EAGLE-3 / plain about 1.04 at C=32), a first wave of
+    256-512-token outputs was decoded plain for most of its life; one of fixed 384 still is."""
+    import random
+
+    from dynspec.policy import build_policy
+    from dynspec.sim.profile import load_profile
+    from dynspec.sim.run import simulate_level
+
+    p = build_policy("goodput")
+    p.note_prefill(32, 4096, 0.02)
+    assert p.wants_budgets
+    p.note_budgets([384] * 32)  # equal: finishes may come together
+    decode(p, 32, 1)
+    assert not p.wants_budgets and p._lock and p._lead_now == p.lead
+    apart = build_policy("goodput-k")  # goodput-k hands them to its goodput
+    apart.note_prefill(32, 4096, 0.02)
+    assert apart.wants_budgets
+    apart.note_budgets(list(range(256, 512, 8)))
+    decode(apart.inner, 32, 1)
+    assert not apart.wants_budgets and not apart.inner._lock and apart.inner._lead_now == apart.inner.lead_apart
+
+    profile = load_profile("experiments/h200-llama8b-crafted/fitted-h100-refills.yaml")
+
+    def first_wave_speculated(lengths: list[tuple[int, int]]) -> float:
+        modes: list[bool] = []
+        simulate_level(profile, "dynamic", 32, lengths=lengths, seed=0,
+                       on_step=lambda eng, st: modes.append(st.speculated) if st.kind == "decode" else None)
+        return sum(modes[:100]) / 100  # before the first request can finish
+
+    rng = random.Random(0)
+    assert first_wave_speculated([(128, rng.randint(256, 512)) for _ in range(64)]) > 0.8
+    assert first_wave_speculated([(128, 384)] * 64) < 0.2

@@ -181,6 +181,9 @@ def test_counters_follow_each_policy(runs):
     good = counters(runs, "patched-goodput")
     assert good["steps_with_requests"] == good["steps"] > 0, good
     assert always["steps_with_requests"] == 0
+    # a server's first forward is presumed a lockstep until its requests' output budgets (SGLang's
+    # Req: max_new_tokens less output_ids) say otherwise: goodput asks once, the real Reqs answer
+    assert good["budgets_told"] == 1 and always["budgets_told"] == 0, (good, always)
     # Every prefill result reaches the policy (0002, process_batch_result_prefill): the prompts
     # of both levels at least (the server's warm-up adds its own), fewer forwards than prompts
     # when prompts share one; goodput reads bursts and output per request from them

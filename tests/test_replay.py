@@ -43,6 +43,19 @@ def test_the_gain_read_back_follows_the_step_costs(tmp_path, spec_ms, wins):
     gain = rows[1]["gain"]
     assert (gain > 1.1) if wins else (gain < 0.95), gain
     assert rows[1]["overhead_ms_per_request"] > 5.0  # the 8 ms refill forwards
+    least, median = rows[1]["probe_interval"]  # steps to the next probe of the other mode
+    assert 1 <= least <= median <= 2000
+
+
+def test_the_probe_interval_read_back_grows_as_the_loser_is_sampled(tmp_path):
+    # Speculation loses by half (2.2 tokens for 32 ms against 7.3 ms for one): once the level's
+    # stretches of it are behind the estimate, probes of it come rarely.
+    path = tmp_path / "goodput.csv.gz"
+    write_trace(path, 32.0, levels=3)
+    rows = replay(read_levels(path))
+    assert rows[2]["gain"] < 0.6
+    assert rows[2]["probe_interval"][1] > rows[0]["probe_interval"][0]
+    assert rows[2]["probe_interval"][1] >= 100
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):

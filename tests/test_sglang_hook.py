@@ -456,3 +456,21 @@ def test_tp_ranks_agree_on_prefill_times():
     assert inner[0]._pf_fixed == inner[1]._pf_fixed is not None
     assert inner[0]._pf_fixed == pytest.approx(0.006 * 1.15, rel=0.05)  # the rank-mean intercept
     assert ctls[0].fallback is None and ctls[1].fallback is None and not reduce.broken
+
+
+def test_the_first_waves_output_budgets_reach_the_policy():
+    """While the policy asks (a server's first forward presumed in lockstep), the step's requests'
+    output budgets (max_new_tokens less their output so far) reach it before the decision;
+    requests that do not say leave it asking."""
+    from types import SimpleNamespace
+
+    def req(cap: int, done: int) -> SimpleNamespace:
+        return SimpleNamespace(rid=str(cap), sampling_params=SimpleNamespace(max_new_tokens=cap), output_ids=[0] * done)
+
+    ctl = Controller(Goodput(), spec="goodput")
+    ctl.note_prefill(4, 512)
+    assert ctl.policy.wants_budgets
+    ctl.decide(4, reqs=[SimpleNamespace(rid=str(i)) for i in range(4)])
+    assert ctl.policy.wants_budgets
+    ctl.decide(4, reqs=[req(cap, 1) for cap in (100, 200, 300, 400)])
+    assert not ctl.policy.wants_budgets and ctl.policy.inner._wave_apart and ctl.stats()["budgets_told"] == 1

@@ -4,7 +4,8 @@ A goodput server's DYNSPEC_STEP_TRACE holds every launch (f, p, s) and result (F
 wall time, batch size and accepted drafts.  This feeds the results to a fresh policy in order, as
 the server fed its own (each step's mode forced to the one it ran, its interval since the last
 result, `clean` when no prefill launch came between), and prints per level (a stretch between
-idle gaps over a second) the spec/plain gain the policy would weigh at the level's largest batch.
+idle gaps over a second) the spec/plain gain the policy would weigh at the level's largest batch
+and the steps it would leave to its next probe of the other mode there.
 Set beside the arms' throughputs, it shows which of the policy's estimates stray from what the
 server did, on the server's own timings, without another run.
 
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from dynspec.policy import Goodput, StepRecord, build_policy
+from dynspec.policy.buckets import bucket_of
 from dynspec.analysis.rank_traces import TraceError
 from dynspec.policy.base import PolicySpecError
 
@@ -62,7 +64,7 @@ def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dic
         decodes = [int(r["batch"]) for r in level if r["kind"] in "SP"]
         if not decodes:
             continue
-        peak, gains = max(decodes), []
+        peak, gains, intervals = max(decodes), [], []
         last: float | None = None
         dirty, ctx, n, decoded = False, 0.0, 0, False
         for r in level:
@@ -75,7 +77,9 @@ def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dic
                     g = p._gain(p._last_b)
                     if g is not None:
                         gains.append(g)
-                p.decide(b)
+                speculate = p.decide(b)
+                if b == peak:  # steps to the next probe of the other mode, from the mode decided
+                    intervals.append(p._interval[speculate][bucket_of(b)])
                 p._window = ((p._window >> 1) << 1) | (kind == "s")  # the mode it ran
                 continue
             dt = None if last is None else t - last
@@ -97,6 +101,7 @@ def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dic
         share = sum(1 for r in level if r["kind"] == "S") / len(decodes)
         out.append({"peak_batch": peak, "spec_share": round(share, 3),
                     "gain": round(statistics.median(gains), 3) if gains else None,
+                    "probe_interval": (min(intervals), int(statistics.median(intervals))) if intervals else None,
                     "overhead_ms_per_request": p.prefill_estimates()["overhead_ms_per_request"]})
     return out
 
@@ -114,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TraceError, PolicySpecError, KeyError, ValueError) as e:
         print(f"{a.trace}: {e}", file=sys.stderr)
         return 2
-    print("level\tpeak batch\tspec share\tgain at peak\tprefill ms/request")
+    print("level\tpeak batch\tspec share\tgain at peak\tprobe interval at peak (least, median)\tprefill ms/request")
     for i, r in enumerate(rows):
-        print(f"{i}\t{r['peak_batch']}\t{r['spec_share']}\t{r['gain']}\t{r['overhead_ms_per_request']}")
+        print(f"{i}\t{r['peak_batch']}\t{r['spec_share']}\t{r['gain']}\t{r['probe_interval']}\t{r['overhead_ms_per_request']}")
     return 0
 
 

@@ -82,6 +82,15 @@ class Policy:
     def observe(self, rec: StepRecord) -> None:
         pass
 
+    # While True, a caller that knows the output budgets of the next decide()'s requests (what each
+    # may still generate: SGLang's max_new_tokens less its output so far) passes them to
+    # note_budgets first.
+    wants_budgets = False
+
+    def note_budgets(self, budgets: Sequence[int]) -> None:
+        """The output budgets of the next decide()'s requests (rank-identical), asked for through
+        wants_budgets."""
+
     def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
         """A prefill (extend) forward ran between decode steps: `requests` whose prompts it
         finished and `tokens` prompt tokens (both rank-identical), taking `seconds` (local wall

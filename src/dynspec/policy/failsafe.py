@@ -77,6 +77,13 @@ class FailSafePolicy(Policy):
     def observe(self, rec: StepRecord) -> None:
         self._guarded("observe", self.inner.observe, rec)
 
+    @property
+    def wants_budgets(self) -> bool:  # type: ignore[override]
+        return not self.failed and bool(getattr(self.inner, "wants_budgets", False))
+
+    def note_budgets(self, budgets: Sequence[int]) -> None:
+        self._guarded("note_budgets", self.inner.note_budgets, budgets)
+
     def note_prefill(self, requests: int, tokens: int, seconds: float | None = None, idle: bool = False) -> None:
         self._guarded("note_prefill", lambda a: self.inner.note_prefill(*a), (requests, tokens, seconds, idle))
 

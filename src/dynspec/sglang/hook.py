@@ -110,6 +110,19 @@ def catch_up_window(env: Mapping[str, str] | None = None, log=None) -> int:
     return window
 
 
+def _output_budgets(reqs: Sequence) -> list[int] | None:
+    """What each request may still generate (SGLang's Req: sampling_params.max_new_tokens less its
+    output_ids); None when a request does not say."""
+    out = []
+    for r in reqs:
+        cap = getattr(getattr(r, "sampling_params", None), "max_new_tokens", None)
+        done = getattr(r, "output_ids", None)
+        if not isinstance(cap, int) or done is None:
+            return None
+        out.append(cap - len(done))
+    return out
+
+
 def _request_ids(reqs: Sequence, up_to: int | None = None) -> list | None:
     """The requests' rids (when there are at most up_to of them); None otherwise, or when a
     request has none (the policy's population estimate stands: the server must not fail here)."""
@@ -168,6 +181,7 @@ class Controller(TPAgreement):
         self.resumes = 0  # full draft forwards that restarted the draft after a plain stretch
         self.kv_only_prefills = 0  # prefills in a plain stretch: the draft wrote its KV only
         self.steps_with_requests = 0  # decisions told which requests the step runs (per-request acceptance)
+        self.budgets_told = 0  # decisions told their requests' output budgets (a first wave's lockstep)
         self.prefills = 0  # prefill (extend) results the policy was told of (note_prefill)
         self.prompts_prefilled = 0  # requests whose prompts those finished
         self.idle_prefills = 0  # of those, launched on a server with nothing decoding (not priced)
@@ -216,6 +230,11 @@ class Controller(TPAgreement):
         if self._control is not None and self._poll_clock() >= self._next_poll:
             self._poll_control()
         pol = self.policy
+        if reqs is not None and pol.wants_budgets and not self.fallback:
+            budgets = _output_budgets(reqs)
+            if budgets is not None:
+                pol.note_budgets(budgets)
+                self.budgets_told += 1
         if reqs is not None and pol.requests_up_to and not self.fallback:
             ids = _request_ids(reqs, pol.requests_up_to)
             pol.set_batch(ids)
@@ -428,6 +447,7 @@ class Controller(TPAgreement):
             "resumes": self.resumes,
             "kv_only_prefills": self.kv_only_prefills,
             "steps_with_requests": self.steps_with_requests,
+            "budgets_told": self.budgets_told,
             "prefills": self.prefills,
             "prompts_prefilled": self.prompts_prefilled,
             "idle_prefills": self.idle_prefills,

@@ -351,6 +351,8 @@ class Engine:
         kv = sum(r.input_len + r.generated for r in running) if self._context_aware else None
         policy = self.policy
         rids = None
+        if policy is not None and policy.wants_budgets:  # each request's output left to generate
+            policy.note_budgets([r.output_len - r.generated for r in running])
         if policy is not None and policy.requests_up_to:  # it tracks small batches' requests
             rids = [r.rid for r in running] if bs <= policy.requests_up_to else None
             policy.set_batch(rids)

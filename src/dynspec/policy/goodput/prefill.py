@@ -7,6 +7,7 @@ into each forward where they come apart (_merge)."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from dynspec.policy.buckets import BUCKET_EDGES, bucket_mid
 from dynspec.policy.goodput.acceptance import AcceptanceEstimates
@@ -22,6 +23,11 @@ class PrefillAccount(AcceptanceEstimates):
         self._per_prefill: float | None = None
         self._burst_fwd = 0  # forwards in the burst under way
         self._presumed = False  # the burst under way is the first forward's (_per_prefill presumed)
+        # The first wave's output budgets (note_budgets): asked for once a first forward is presumed
+        # in lockstep; where they differ by more than its finishes can share forwards over, they
+        # come apart whatever runs, and nothing is presumed.
+        self.wants_budgets = False
+        self._wave_apart = False
         # The largest batch of the last decode steps (a sliding max over about PEAK_STEPS): the
         # size a burst refills to.  A finish whose successor has not come by then is over.
         self._peak, self._peak_age = 0, 0
@@ -113,6 +119,8 @@ class PrefillAccount(AcceptanceEstimates):
         out = max(self._emitted / self._admitted, 1.0)
         lam = bucket_mid(b) * (1.0 + acc) / out
         if not self._refilled:
+            if self._wave_apart:  # the first wave's budgets part its finishes: nothing to scatter
+                return 0.0
             # No request has finished yet: out is only a lower bound.  The cost lam (1/E - 1/g)
             # is largest at lam = ln g, so take at most that: unsure, err to plain.
             lam = min(lam, math.log(g))
@@ -155,7 +163,10 @@ class PrefillAccount(AcceptanceEstimates):
             self._lock, self._lead_now = False, self.lead_apart
             return
         if not self._refilled:
-            self._lock, self._lead_now = True, self.lead
+            if self._wave_apart:
+                self._lock, self._lead_now = False, self.lead_apart
+            else:
+                self._lock, self._lead_now = True, self.lead
             return
         lam = self.ROUND_TRIP * n * p
         e = lam / -math.expm1(-lam) if lam > 1e-9 else 1.0
@@ -177,6 +188,9 @@ class PrefillAccount(AcceptanceEstimates):
         if self._per_prefill is None:  # the first forward: the first wave of a closed loop is
             self._per_prefill = float(requests)  # presumed in lockstep until refills show otherwise
             self._presumed = True
+            self.wants_budgets = True  # unless its output budgets say it cannot be (note_budgets)
+        if self._refilled:
+            self.wants_budgets = False
         d = self.OUT_DECAY
         self._admitted = self._admitted * d + requests
         self._prompt_tokens = self._prompt_tokens * d + tokens
@@ -244,6 +258,18 @@ class PrefillAccount(AcceptanceEstimates):
         per = self._mid[b] * self._admitted / self._emitted
         c = self._c_req * per
         return tp + c, ts + c * (1.0 + acc)
+
+    def note_budgets(self, budgets: Sequence[int]) -> None:
+        """The output budgets of the first wave's requests: what each may still generate.  A
+        request finishes at its budget or before it (a stop token, at random), so n requests
+        whose budgets spread over S tokens finish over S plain steps at least, n ROUND_TRIP / S to
+        a round trip's forward: where that is under two they cannot move in lockstep."""
+        self.wants_budgets = False
+        n = len(budgets)
+        if n >= 2 and 2.0 * (max(budgets) - min(budgets) + 1) > n * self.ROUND_TRIP:
+            self._wave_apart = True
+            self._read_bursts()
+            self._refresh(self._last_b)
 
     def prefill_estimates(self) -> dict:
         """What it reads from prefill forwards (note_prefill): their fixed cost, requests per

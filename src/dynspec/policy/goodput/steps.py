@@ -125,6 +125,7 @@ class GoodputK(Policy):
         self.set_batch = inner.set_batch  # type: ignore[method-assign]
         self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
         self.note_prefill = inner.note_prefill  # type: ignore[method-assign]
+        self.note_budgets = inner.note_budgets  # type: ignore[method-assign]
         self._inner_decide, self._inner_observe = inner.decide, inner.observe
 
     # Candidates ---------------------------------------------------------------------------
@@ -429,7 +430,11 @@ class GoodputK(Policy):
             if LEAD_BY_K:  # the bucket stepping now; another follows its K when it steps again
                 self._lead_at(b)
 
-    # Delegated (set_batch, wants_requests and note_prefill: bound to Goodput's in __init__) --------
+    # Delegated (set_batch, wants_requests, note_prefill and note_budgets: bound to Goodput's in __init__)
+    @property
+    def wants_budgets(self) -> bool:  # type: ignore[override]
+        return self.inner.wants_budgets
+
     def reason(self, batch_size: int) -> str:
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET
         return f"{self.inner.reason(batch_size)}; K={self.k_cur[b] if self.candidate_steps else self.on_steps}"
