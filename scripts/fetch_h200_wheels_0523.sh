@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# SGLang 0.5.23 for the H200 device machine (Python 3.12, no network), in two folders because the whole
-# stack (61 MB) and the working tree (32 MB without reports/) exceed one call's 64 MiB:
+# SGLang 0.5.23 for the H200 machine (Python 3.12, no network), in two folders:
 #   .whl-0523-sglang/  sglang 0.5.23, slimmed to 26 MB (scripts/slim_sglang_wheel.py)
-#   .whl-0523-deps/    what it needs beyond the image and .whl/ (requirements/h200-wheels-0.5.23.txt)
-# Each travels in its own call of scripts/h200_probe_0523.sh, which unpacks it into .device-0523/
-# (ignored, so kept on the device between calls while the machine stays warm).
+#   .whl-0523-deps/    what it needs beyond the image and .whl/ (requirements/h200-wheels-0.5.23.txt), 19 MB
+# scripts/h200_probe_0523.sh unpacks them into .device-0523/ (ignored), in one run (STAGE=all) where
+# both travel with the working tree and .whl/, or one stage a run where they cannot (its header says how).
 set -eu
 cd "$(dirname "$0")/.."
 rm -rf .whl-0523-sglang .whl-0523-deps; mkdir -p .whl-0523-sglang .whl-0523-deps

@@ -130,17 +130,61 @@ def test_a_0_5_23_server_gets_its_own_stand_ins_and_dependencies(tmp_path, monke
     assert old["PYTHONPATH"].split(os.pathsep)[0] == str(realsglang.SITE)
     argv = realsglang.server_argv("m", 1234, draft="d", version="0.5.23")
     assert "--sleep-on-idle" in argv and "--sleep-on-idle" not in realsglang.server_argv("m", 1234)
-    with pytest.raises(ValueError, match="CPU only"):
-        realsglang.server_env(tmp_path, gpu=True, version="0.5.23")
+    gpu = realsglang.server_env(tmp_path / "site", gpu=True, base={}, version="0.5.23")
+    # on a GPU: no CPU stand-ins (torchvision) and no CPU engine; the layers' torch bodies
+    assert gpu["PYTHONPATH"].split(os.pathsep) == [str(realsglang.SITE_0523), str(tmp_path / "deps"),
+                                                   str(tmp_path / "site")]
+    assert gpu["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch" and "SGLANG_USE_CPU_ENGINE" not in gpu
+    assert "SGLANG_FORCE_FUSED_OP_BACKEND" not in env
     with pytest.raises(ValueError, match="not '0.6.0'"):
         realsglang.sglang_site(False, root=tmp_path, version="0.6.0")
 
 
-def test_serve_refuses_0_5_23_on_a_gpu_and_unknown_versions(capsys):
-    for argv, says in ((["serve", "--sglang", "0.5.23", "--gpu", "--", "--port", "1"], "CPU only"),
-                       (["serve", "--sglang", "0.6.0", "--", "--port", "1"], "invalid choice")):
+def test_serve_refuses_unknown_versions(capsys):
+    for argv, says in ((["serve", "--sglang", "0.6.0", "--", "--port", "1"], "invalid choice"),):
         with pytest.raises(SystemExit) as exc:
             realsglang_main(argv)
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert says in err[-1], err
+
+
+# On a GPU, the names 0.5.23 binds that need the native kernel package (or the `cutlass` package):
+# module -> (the name a hook replaces, where the module's source defines or imports it).
+GPU_HOOKED = {
+    "sglang.srt.layers.dual_gemm": "_select_mode",
+    "sglang.kernels.ops.speculative.tree": "verify_tree_greedy",
+    "sglang.srt.layers.attention.triton_backend": "is_arch_support_pdl",
+    "sglang.srt.mem_cache.memory_pool": "can_use_store_cache",
+}
+
+
+def test_the_gpu_hooks_replace_what_0_5_23_binds_there_and_only_on_a_gpu(monkeypatch):
+    import types
+
+    from dynspec.realsglang import chain_ops, compat_0523  # noqa: F401  (registers 0.5.23's hooks)
+
+    site = realsglang.sglang_site(False, version="0.5.23")
+    for module, name in GPU_HOOKED.items():
+        source = (site / (module.replace(".", "/") + ".py")).read_text()
+        assert name in source, (module, name)  # the hook's target is still where 0.5.23 has it
+        assert module in compat._HOOKS, module
+    monkeypatch.setattr(compat, "_VERSION", "0.5.23")
+
+    def hooked(module: str, cuda: bool) -> types.SimpleNamespace:
+        m = types.SimpleNamespace(DualGemm=type("DualGemm", (), {"_select_mode": lambda self, g, h: "cutedsl"}),
+                                  build_tree_kernel_efficient="jit", verify_tree_greedy="jit",
+                                  is_arch_support_pdl="native", can_use_store_cache="jit")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        for hook in compat._HOOKS[module]:
+            hook(m)
+        return m
+
+    assert hooked("sglang.srt.layers.dual_gemm", cuda=False).DualGemm()._select_mode(None, 8) == "cutedsl"
+    assert hooked("sglang.srt.layers.dual_gemm", cuda=True).DualGemm()._select_mode(None, 8) is None
+    tree = hooked("sglang.kernels.ops.speculative.tree", cuda=True)
+    assert tree.verify_tree_greedy is chain_ops.verify_tree_greedy
+    assert tree.build_tree_kernel_efficient is chain_ops.build_tree_kernel_efficient
+    assert hooked("sglang.kernels.ops.speculative.tree", cuda=False).verify_tree_greedy == "jit"
+    assert hooked("sglang.srt.layers.attention.triton_backend", cuda=True).is_arch_support_pdl() is False
+    assert hooked("sglang.srt.mem_cache.memory_pool", cuda=True).can_use_store_cache(256, 256) is False

@@ -1,4 +1,4 @@
-"""What a steps=0 decode step costs on real SGLang 0.5.23, per output token, on this CPU.
+"""What a steps=0 decode step costs on real SGLang 0.5.23, per output token, on this CPU (or a GPU: --gpu).
 
 Three servers of the tiny crafted models (dynspec.realsglang.tinymodels), started together and
 idle except the one being measured (--sleep-on-idle):
@@ -21,6 +21,9 @@ A round sends N prompts with fixed output lengths at concurrency C; the figure i
 per output token.  Writes results.json (atomically) beside --out.
 
     PYTHONPATH=src python experiments/cpu-sglang-0523-steps0/measure.py --out experiments/cpu-sglang-0523-steps0/data
+
+On a GPU (--gpu) the servers take Triton attention and SGLang's torch layer bodies
+(dynspec.realsglang.server_env) and share the GPU; scripts/h200_probe_0523.sh runs it there.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ def arms(cfg_dir: Path, skip_extend: bool = False, verify_off: bool = False,
     return out
 
 
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
 def host_seconds(folder: Path, decode_tokens: int) -> dict:
     """Per function: calls, and host milliseconds per output token (inclusive) over the run."""
     from dynspec.realsglang import hosttime
@@ -97,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--with-059", action="store_true",
                     help="two more arms: SGLang 0.5.9's plain server and its patched server with DYNSPEC_POLICY=never "
                          "(their ratio is to the 0.5.9 plain server of the same round)")
+    ap.add_argument("--gpu", action="store_true", help="serve on the GPU (Triton attention, torch layer bodies)")
+    ap.add_argument("--extra-args", default="", help="more sglang.launch_server arguments for every arm")
     ap.add_argument("--host-times", action="store_true",
                     help="record host seconds per SGLang function in each server (results.json: host_times)")
     args = ap.parse_args(argv)
@@ -110,7 +121,8 @@ def main(argv=None) -> int:
     prompts, _ = shrinking_prompts(8, seed=3)
     rows = []
     ht = out / "host-times" if args.host_times else None
-    with start_arms(arms(out, args.with_skip_extend, args.with_verify_off, ht, args.with_059), models, out / "logs") as servers:
+    with start_arms(arms(out, args.with_skip_extend, args.with_verify_off, ht, args.with_059), models, out / "logs",
+                    gpu=args.gpu, extra_args=args.extra_args.split()) as servers:
         names = list(servers)
         for c in args.concurrency:
             for name in names:  # warm-up, not counted
@@ -141,7 +153,9 @@ def main(argv=None) -> int:
         summary[c] = {"median_s_per_token": med,
                       "ratio_to_plain_median": {n: statistics.median(v) for n, v in ratios.items()},
                       "ratio_to_plain_range": {n: [v[0], v[-1]] for n, v in ratios.items()}}
-    result = {"kind": "measured on this project's 2-core CPU (shared), real SGLang 0.5.23"
+    where = "a GPU (" + _gpu_name() + "), Triton attention, SGLang's torch layer bodies" if args.gpu else \
+        "this project's 2-core CPU (shared)"
+    result = {"kind": f"measured on {where}, real SGLang 0.5.23"
                       + (" and 0.5.9" if args.with_059 else "") + ", tiny crafted models",
               "command": " ".join(sys.argv), "out_len": args.out_len, "rounds": args.rounds,
               "summary": summary, "rows": rows, "dynspec": info}

@@ -1,4 +1,4 @@
-"""The real SGLang server (0.5.9, or 0.5.23 on a CPU), unpatched or patched by dynspec, without its native kernels.
+"""The real SGLang server (0.5.9 or 0.5.23), unpatched or patched by dynspec, without its native kernels.
 
 SGLang's `python -m sglang.launch_server` is pure Python over torch plus native kernel
 packages (sgl_kernel, flashinfer) that exist only for CUDA and one torch version.  This
@@ -12,9 +12,10 @@ package runs the real server anyway, on a CPU (tests, CI) or on a GPU with anoth
   its reason) in every process of the server;
 * `server_env`, `server_argv`: how to start an arm; `tinymodels`: models to serve.
 
-SGLang 0.5.23 (`version="0.5.23"`, CPU only) has its own stand-in folder, `site-0.5.23/`
-(sgl_kernel as sglang-kernel 0.4.10: the CPU index ops of its speculative path in torch), its
-own compatibility patches (`compat_0523`), and its own dependencies (transformers 5, which
+SGLang 0.5.23 (`version="0.5.23"`) has its own stand-in folder, `site-0.5.23/` (sgl_kernel as
+sglang-kernel 0.4.10: the CPU index ops of its speculative path in torch), its own compatibility
+patches (`compat_0523`; on a GPU its layers take their torch bodies through upstream's
+SGLANG_FORCE_FUSED_OP_BACKEND), and its own dependencies (transformers 5, which
 cannot share a process with 0.5.9's 4.57): requirements/sglang-0.5.23-cpu.txt, installed by
 `make test-venv` into .venv/sglang-0.5.23-deps (or $DYNSPEC_SGLANG_0523_DEPS), first on the
 server's PYTHONPATH after the stand-ins.
@@ -114,13 +115,14 @@ def server_env(site: Path, *, gpu: bool = False, base: dict | None = None,
                version: str = VERSION) -> dict[str, str]:
     """The environment of a server process: stand-ins first, then the chosen sglang copy."""
     _check_version(version)
-    if version == "0.5.23" and gpu:
-        raise ValueError("dynspec.realsglang serves SGLang 0.5.23 on a CPU only")
     env = dict(os.environ if base is None else base)
     if version == "0.5.23":
-        sites = [SITE_0523, SITE_CPU, deps_0523()]
+        # 0.5.23 imports no flashinfer at module level, so a GPU needs no stand-in for it.
+        sites = [SITE_0523, deps_0523()] if gpu else [SITE_0523, SITE_CPU, deps_0523()]
         # Only the tiny models' classes are registered (site-0.5.23/dynspec_models), not all of SGLang's.
         env.setdefault("SGLANG_EXTERNAL_MODEL_PACKAGE", "dynspec_models")
+        if gpu:  # the layers' CUDA bodies are the kernel package's: upstream's switch to their torch bodies
+            env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "torch"
     else:
         sites = [SITE, SITE_GPU] if gpu else [SITE, SITE_CPU]
     path = [*map(str, sites), str(site)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

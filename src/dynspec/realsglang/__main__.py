@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--device", default="cpu", help="where the crafted weights are drawn (cuda: seconds)")
     s = sub.add_parser("serve", help="exec the real sglang.launch_server with dynspec's stand-ins")
     s.add_argument("--sglang", default=realsglang.VERSION, choices=realsglang.VERSIONS, metavar="VERSION",
-                   help="the SGLang release to serve: 0.5.9 (default) or 0.5.23 (a CPU only)")
+                   help="the SGLang release to serve: 0.5.9 (default) or 0.5.23")
     s.add_argument("--patched", action="store_true", help="the copy patched by dynspec (else upstream)")
     s.add_argument("--gpu", action="store_true", help="a CUDA machine (else the CPU device)")
     s.add_argument("--site", metavar="DIR", help="an unpacked SGLang to serve instead of the cached copy "
@@ -69,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("serve: give sglang.launch_server's arguments after --")
     if args.site and not (Path(args.site) / "sglang" / "__init__.py").is_file():
         ap.error(f"serve: --site {args.site}: no sglang package there")
-    if args.sglang == "0.5.23" and args.gpu:
-        ap.error("serve: --sglang 0.5.23 runs on a CPU only (its stand-ins are the CPU ops)")
     site = Path(args.site).resolve() if args.site else realsglang.sglang_site(args.patched, version=args.sglang)
     env = realsglang.server_env(site, gpu=args.gpu, version=args.sglang)
     os.execve(sys.executable, [sys.executable, "-m", "sglang.launch_server", *rest], env)

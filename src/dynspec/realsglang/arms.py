@@ -34,7 +34,7 @@ class Arm:
     args: tuple[str, ...] = ()
     site: Path | None = None  # an sglang copy other than the cached upstream/patched one
     tp: int = 1  # --tp-size: tensor-parallel ranks (on a CPU over gloo, one scheduler process each)
-    version: str = "0.5.9"  # the SGLang release served (0.5.23: CPU only)
+    version: str = "0.5.9"  # the SGLang release served: 0.5.9 or 0.5.23
 
 
 def arm_server(arm: Arm, models: Path, logdir: Path, *, gpu: bool = False, extra_args: Sequence[str] = (),

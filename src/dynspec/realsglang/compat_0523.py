@@ -86,3 +86,37 @@ def torch_native_draft_backends(m):
 # TARGET_VERIFY and DRAFT_EXTEND_V2 batches carry no extend lengths in 0.5.23 either: 0.5.9's hook,
 # registered for this version too.
 after_import("sglang.srt.layers.attention.torch_native_backend", version=V)(compat.extend_lengths_for_verify)
+
+
+# --- A GPU without the native kernel package ------------------------------------------------
+# Layers take SGLang's torch bodies there through upstream's own switch,
+# SGLANG_FORCE_FUSED_OP_BACKEND=torch (their CUDA bodies are sglang-kernel's).
+@after_import("sglang.srt.layers.dual_gemm", when="gpu", version=V)
+def no_dual_gemm_on_gpu(m):
+    """The MLP's fused gate-up and down GEMM is a CuTe DSL kernel (the `cutlass` package, not in
+    the image); without it the MLP runs its two linear layers, as on every other platform."""
+    m.DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
+
+
+@after_import("sglang.kernels.ops.speculative.tree", when="gpu", version=V)
+def chain_ops_on_gpu(m):
+    """The chain's build and greedy verify are CUDA sources compiled at first use (tvm-ffi,
+    the kernel package's headers); dynspec.realsglang.chain_ops does the same in torch (topk 1)."""
+    from dynspec.realsglang import chain_ops
+
+    m.build_tree_kernel_efficient = chain_ops.build_tree_kernel_efficient
+    m.verify_tree_greedy = chain_ops.verify_tree_greedy
+
+
+@after_import("sglang.srt.layers.attention.triton_backend", when="gpu", version=V)
+def no_programmatic_dependent_launch(m):
+    """Whether the GPU supports programmatic dependent launch comes from the kernel package;
+    the Triton attention kernels launch without it."""
+    m.is_arch_support_pdl = lambda: False
+
+
+@after_import("sglang.srt.mem_cache.memory_pool", when="gpu", version=V)
+def torch_kv_store_on_gpu(m):
+    """The KV store's fast path is a CUDA source compiled at first use; SGLang's torch
+    index_put path is its own fallback."""
+    m.can_use_store_cache = lambda *args, **kwargs: False
