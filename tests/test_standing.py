@@ -68,3 +68,32 @@ def test_a_skipped_arm_is_no_twin_and_no_envelope(tmp_path, capsys):
     assert "twin_spread" in capsys.readouterr().out  # counted, it is taken for a second plain server
     with pytest.raises(SystemExit, match="--skip baseline-3: no such arm"):
         main([str(tmp_path), "--skip", "baseline-3"])
+
+
+def _rounds(ratios: list[float]) -> pd.DataFrame:
+    """Rounds at C=16 where goodput measures `ratios` of threshold-16 (and 1.1x of threshold-32)."""
+    rows = []
+    for rep, r in enumerate(ratios):
+        for arm, x in (("baseline", 100.0), ("eagle3", 120.0), ("threshold-16", 120.0),
+                       ("threshold-32", 120.0 * r / 1.1), ("dynspec-goodput", 120.0 * r)):
+            policy = {"baseline": "none", "eagle3": "always"}.get(arm, "goodput")
+            rows.append(dict(run_id="r", arm=arm, policy=policy, backend="live", concurrency=16, repeat=rep,
+                             completed=10, failed=0, output_throughput=x, error=""))
+    return pd.DataFrame(rows)
+
+
+def test_the_rounds_settle_within_the_margin_only_when_two_standard_errors_do():
+    tight = standing(_rounds([0.99, 0.995, 1.0]), "dynspec-goodput").iloc[0]
+    assert tight["best_other"] == "threshold-16"  # the arm it trails most
+    assert tight["vs_best"] == pytest.approx(0.995)
+    assert tight["vs_best_se"] == pytest.approx(0.005 / 3 ** 0.5)
+    assert tight["verdict"] == "met"
+    behind = standing(_rounds([0.95, 0.955, 0.96]), "dynspec-goodput").iloc[0]
+    assert behind["verdict"] == "short"
+    # a 3% mean deficit with rounds 0.88-1.05 apart settles nothing; (2 sd / 0.02)^2 = 72.3 rounds would
+    loose = standing(_rounds([0.88, 0.97, 1.05]), "dynspec-goodput").iloc[0]
+    assert loose["verdict"] == "unresolved" and loose["rounds_for_margin"] == 73
+    assert standing(_rounds([0.88, 0.97, 1.05]), "dynspec-goodput", margin=0.15).iloc[0]["verdict"] == "met"
+    assert standing(_rounds([0.9]), "dynspec-goodput").iloc[0]["verdict"] == "unresolved"  # one round
+    with pytest.raises(SystemExit, match="--margin must lie between 0 and 1"):
+        standing(_rounds([0.9, 1.0]), "dynspec-goodput", margin=2.0)

@@ -41,7 +41,7 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series:
 
 def unusable_reasons(results: pd.DataFrame) -> pd.Series:
     """Why each row cannot be used ("" when it can), the first reason that applies."""
-    err = results["error"].fillna("").astype(str).str.strip() if "error" in results \
+    err = results["error"].astype(object).fillna("").astype(str).str.strip() if "error" in results \
         else pd.Series("", index=results.index)
     thr, done, failed = _num(results, METRIC), _num(results, "completed"), _num(results, "failed")
     why = pd.Series("", index=results.index, dtype=object)

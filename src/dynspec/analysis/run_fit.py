@@ -94,7 +94,7 @@ def spec_from_run(run_dir: str | Path, *, baseline_arm: str = "baseline", eagle3
         df = closed_loop(read_table(results))  # the fit's targets are concurrency levels
     except (ValueError, OSError) as exc:
         raise FitError(f"{results}: not a results table ({' '.join(str(exc).split())[:200]})") from None
-    df = df[df["error"].fillna("") == ""]
+    df = df[df["error"].astype(object).fillna("") == ""]
     # Each level's target is the mean over the repeats both arms measured without error, and the
     # fit simulates those repeats' own prompts: a level of a few hundred requests moves with the draw.
     df = df.assign(repeat=df["repeat"].fillna(0).astype(int) if "repeat" in df else 0)

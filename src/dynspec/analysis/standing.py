@@ -9,7 +9,13 @@ static cutoff, say); EAGLE-3 over plain; and, with a simulated twin of the run, 
 Where a run has two servers doing the same work (two plain arms, say), `twin_spread` is the
 fastest of them over the slowest, per round: the noise floor of one ratio in that design.
 
-    python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput] [--skip ARM ...]
+Against the strongest other switching arm of a level (`best_other`: the one the arm trails most
+on the mean), the rounds also say whether "within MARGIN of it" is resolved: `vs_best_se` is the
+standard error of the mean per-round ratio, the verdict `met` where the mean less two standard
+errors is at or above 1 - MARGIN, `short` where the mean plus two is below it, else `unresolved`,
+and `rounds_for_margin` how many rounds at this spread would make two standard errors MARGIN.
+
+    python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput] [--skip ARM ...] [--margin 0.02]
 
 `--skip` leaves an arm out of every comparison: a server that is configured differently on
 purpose (SGLang's torch layer bodies beside the fused ones, say) is no twin and no envelope.
@@ -18,6 +24,7 @@ purpose (SGLang's torch layer bodies beside the fused ones, say) is no twin and 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -34,10 +41,27 @@ def _read(run: Path) -> pd.DataFrame:
     return df[usable(df)]
 
 
-def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None) -> pd.DataFrame:
+def _margin_verdict(ratios: pd.Series, margin: float) -> dict:
+    """The mean per-round ratio to the strongest other arm, its standard error, and whether two
+    standard errors settle "within `margin`" (one round settles nothing)."""
+    n, mean = len(ratios), float(ratios.mean())
+    sd = float(ratios.std(ddof=1)) if n > 1 else math.nan
+    se = sd / math.sqrt(n) if n > 1 else math.nan
+    floor = 1.0 - margin
+    verdict = ("unresolved" if not n > 1 else "met" if mean - 2 * se >= floor
+               else "short" if mean + 2 * se < floor else "unresolved")
+    rounds = max(n, math.ceil((2 * sd / margin) ** 2)) if n > 1 else math.nan
+    return {"vs_best": mean, "vs_best_se": se, "verdict": verdict, "rounds_for_margin": rounds}
+
+
+def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None,
+             margin: float = 0.02) -> pd.DataFrame:
     """One row per concurrency: `arm`'s share of the envelope (mean over rounds, worst round), its
     ratio to each other switching arm (mean over rounds), spec/plain of the static arms, the
-    rounds counted and, given a simulated run, the arm's sim/live throughput (level means)."""
+    rounds counted, against the strongest other switching arm whether the rounds settle "within
+    `margin`", and, given a simulated run, the arm's sim/live throughput (level means)."""
+    if not 0.0 < margin < 1.0:
+        raise SystemExit(f"standing: --margin must lie between 0 and 1, not {margin:g}")
     plain, spec = static_arms(results)
     if arm not in set(results["arm"]):
         raise SystemExit(f"standing: no arm {arm!r} in the run (arms: {', '.join(sorted(set(results['arm'])))})")
@@ -62,6 +86,13 @@ def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None) -
     out.insert(0, "rounds", g.size())
     if twins:
         out["worst_twin_spread"] = g["twin_spread"].max()
+    if others:
+        best = out[[f"over_{o}" for o in others]].idxmin(axis=1)  # the arm it trails most, per level
+        out["best_other"] = best.str.removeprefix("over_")
+        verdicts = pd.DataFrame({c: _margin_verdict(per_round.xs(c, level="concurrency")[col].dropna(), margin)
+                                 for c, col in best.items()}).T
+        verdicts = verdicts.astype({"vs_best": float, "vs_best_se": float, "rounds_for_margin": float})
+        out = out.join(verdicts.astype({"rounds_for_margin": "Int64"}))
     if sim is not None:
         live_mean = results[results["arm"] == arm].groupby("concurrency")[METRIC].mean()
         sim_mean = sim[sim["arm"] == arm].groupby("concurrency")[METRIC].mean()
@@ -75,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", default="dynspec-goodput", help="the switching arm to judge (default dynspec-goodput)")
     p.add_argument("--sim", type=Path, help="the run's simulated twin (same arms and levels)")
     p.add_argument("--skip", action="extend", nargs="+", default=[], metavar="ARM", help="arms left out")
+    p.add_argument("--margin", type=float, default=0.02,
+                   help="how close to the strongest other switching arm counts as level with it (default 0.02)")
     args = p.parse_args(argv)
     live = _read(args.run)
     unknown = sorted(set(args.skip) - set(live["arm"]))
@@ -84,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     sim = _read(args.sim) if args.sim else None
     if sim is not None:
         sim = sim[~sim["arm"].isin(args.skip)]
-    table = standing(live, args.arm, sim)
+    table = standing(live, args.arm, sim, margin=args.margin)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 

@@ -182,7 +182,7 @@ def summary_table(run_dir: Path) -> str:
     from dynspec.results import read_table
 
     df = read_table(run_dir / "results.csv")
-    df = df[df["error"].fillna("").astype(str) == ""]
+    df = df[df["error"].astype(object).fillna("").astype(str) == ""]
     if df.empty:
         return "no level measured without error"
     df["level"] = [f"C={int(c)}" if c else f"{r:g} req/s" for c, r in zip(df["concurrency"], df["request_rate"])]
