@@ -36,11 +36,13 @@ probe)
               && echo "import $m: ok" || { echo "import $m: FAILED"; tail -5 /tmp/imp.log; }
       done
       python3 -m dynspec.realsglang models /tmp/tiny-0523 > /tmp/models.log 2>&1 && echo "tiny models: made" || { echo "tiny models: FAILED"; tail -5 /tmp/models.log; }
+      # A server's environment is dynspec.realsglang's (server_env: stand-ins, deps, torch layer bodies).
+      # --disable-radix-cache: the radix cache's Rust core (built against torch 2.14) misreads torch
+      # 2.11's index tensors.
       serve() {  # NAME, then extra server arguments: start, one request, stop
           local name=$1; shift
-          PYTHONPATH=$P SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_EXTERNAL_MODEL_PACKAGE=dynspec_models \
-              SGLANG_FORCE_FUSED_OP_BACKEND=torch SGLANG_IS_FLASHINFER_AVAILABLE=false \
-              timeout 240 python3 -m sglang.launch_server --model-path /tmp/tiny-0523/target --port 31023 \
+          DYNSPEC_SGLANG_0523_DEPS=$D/deps timeout 240 python3 -m dynspec.realsglang serve --sglang 0.5.23 --gpu \
+              --site "$D/sglang" -- --model-path /tmp/tiny-0523/target --port 31023 \
               --attention-backend triton --sampling-backend pytorch --grammar-backend none --disable-cuda-graph \
               --skip-server-warmup --mem-fraction-static 0.3 --disable-radix-cache "$@" > /tmp/server-0523-$name.log 2>&1 & S=$!
           for _ in $(seq 120); do curl -sf localhost:31023/health > /dev/null && break; kill -0 $S 2>/dev/null || break; sleep 2; done
@@ -50,7 +52,6 @@ probe)
           kill $S 2>/dev/null; sleep 3; echo "--- server $name log (tail)"; tail -40 /tmp/server-0523-$name.log
           nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null; sleep 2
       }
-      # The radix cache's Rust core (built against torch 2.14) misreads torch 2.11's index tensors.
       if [ -z "${SKIP_SERVE:-}" ]; then
           serve plain
           serve eagle3 --speculative-algorithm EAGLE3 --speculative-draft-model-path /tmp/tiny-0523/draft \
