@@ -12,6 +12,7 @@ from dynspec.sim.arrivals import arrival_times
 from dynspec.sim.profile import load_profile
 from dynspec.results import (
     LEGACY_COLUMNS,
+    PREVIOUS_COLUMNS,
     RESULT_COLUMNS,
     RequestRecord,
     ResultsWriter,
@@ -19,6 +20,7 @@ from dynspec.results import (
     good_requests,
     read_rows,
     read_table,
+    steady_window,
     summarize,
 )
 from dynspec.sim.run import simulate_level
@@ -74,6 +76,57 @@ def test_legacy_results_file_reads_and_is_upgraded_in_place(tmp_path):
     assert path.read_text().splitlines()[0].split(",") == w.columns
     (again,), _ = read_rows(path)
     assert again["output_throughput"] == "100.0" and again["p99.9_ttft_ms"] == "nan"
+
+
+def _tokens_at(start: float, first: float, n: int, gap: float = 1.0, first_chunk: int = 1) -> RequestRecord:
+    """A request sent at `start` whose first chunk (of `first_chunk` tokens) arrives at `first`,
+    then a token every `gap` seconds."""
+    return RequestRecord(start=start, end=first + (n - first_chunk) * gap, output_tokens=n, ttft=first - start,
+                         itls=[gap] * (n - first_chunk))
+
+
+def test_the_steady_window_runs_from_the_first_waves_last_first_token_to_the_last_dispatch():
+    # Two clients: A (tokens at 1..10) and B (2..6) go first; C is sent when B ends (tokens 7..10),
+    # D when A ends, decoding alone for 20 s: the drain a whole-level figure is dragged down by.
+    reqs = [_tokens_at(0, 1, 10), _tokens_at(0, 2, 5), _tokens_at(6, 7, 4), _tokens_at(10, 11, 20)]
+    tput, seconds = steady_window(reqs, 2)
+    assert seconds == pytest.approx(8.0)  # (2, 10]
+    assert tput == pytest.approx((8 + 4 + 4) / 8)  # A's 3..10, B's 3..6, C's 7..10
+    row = summarize(reqs, concurrency=2)
+    assert row["steady_output_throughput"] == pytest.approx(2.0) and row["steady_s"] == pytest.approx(8.0)
+    assert row["output_throughput"] == pytest.approx(39 / 30)
+    assert steady_window(list(reversed(reqs)), 2) == (tput, seconds)  # the order of completion does not matter
+    # a first chunk of 3 tokens: all three arrive with it
+    chunked = [_tokens_at(0, 1, 10), _tokens_at(0, 2, 5, first_chunk=3), _tokens_at(6, 7, 4), _tokens_at(10, 11, 20)]
+    assert steady_window(chunked, 2)[0] == pytest.approx((8 + 2 + 4) / 8)  # B: 3 tokens at 2, then 3, 4
+    # no window: a single wave, a failed request, an open loop
+    assert all(map(math.isnan, steady_window(reqs[:2], 2)))
+    failed = reqs[:3] + [RequestRecord(start=10, end=10.5, ok=False, error="500")]
+    assert all(map(math.isnan, steady_window(failed, 2)))
+    assert math.isnan(summarize(reqs)["steady_output_throughput"])
+
+
+def test_the_simulated_closed_loop_has_a_steady_window_at_the_full_batchs_rate():
+    prof = load_profile("seed-blackwell")
+    metrics, records = simulate_level(prof, "baseline", 8, num_prompts=64, output_len=128)
+    assert metrics["steady_s"] > 0
+    # all 8 in flight, no drain: faster than the whole level, slower than 8 tokens a plain step
+    assert metrics["output_throughput"] < metrics["steady_output_throughput"]
+    assert metrics["steady_output_throughput"] <= 8 / prof.plain_time(8) * 1.0001
+
+
+def test_a_results_file_without_the_steady_window_reads_and_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "results.csv"
+    row = {c: "nan" for c in PREVIOUS_COLUMNS}
+    row.update(run_id="r", arm="baseline", policy="none", backend="live", profile="", concurrency="8",
+               request_rate="inf", repeat="0", completed="10", failed="0", output_throughput="100.0", error="")
+    path.write_text(",".join(PREVIOUS_COLUMNS) + "\n" + ",".join(row[c] for c in PREVIOUS_COLUMNS) + "\n")
+    df = read_table(path)
+    assert list(df.columns) == RESULT_COLUMNS and math.isnan(df["steady_output_throughput"][0])
+    ResultsWriter(path)  # a resumed run
+    assert path.read_text().splitlines()[0].split(",") == RESULT_COLUMNS
+    (again,), _ = read_rows(path)
+    assert again["output_throughput"] == "100.0" and again["steady_s"] == "nan"
 
 
 def test_arrivals_have_the_rate_and_the_burstiness_asked_for():

@@ -129,7 +129,8 @@ def test_a_0_5_23_server_gets_its_own_stand_ins_and_dependencies(tmp_path, monke
     assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in old
     assert old["PYTHONPATH"].split(os.pathsep)[0] == str(realsglang.SITE)
     argv = realsglang.server_argv("m", 1234, draft="d", version="0.5.23")
-    assert "--sleep-on-idle" in argv and "--sleep-on-idle" not in realsglang.server_argv("m", 1234)
+    assert "--sleep-on-idle" in argv and "--sleep-on-idle" in realsglang.server_argv("m", 1234)  # CPU: both
+    assert "--sleep-on-idle" not in realsglang.server_argv("m", 1234, gpu=True)  # a GPU's configs choose
     gpu = realsglang.server_env(tmp_path / "site", gpu=True, base={}, version="0.5.23")
     # on a GPU: no CPU stand-ins (torchvision) and no CPU engine; the layers' torch bodies
     assert gpu["PYTHONPATH"].split(os.pathsep) == [str(realsglang.SITE_0523), str(tmp_path / "deps"),

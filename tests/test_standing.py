@@ -97,3 +97,18 @@ def test_the_rounds_settle_within_the_margin_only_when_two_standard_errors_do():
     assert standing(_rounds([0.9]), "dynspec-goodput").iloc[0]["verdict"] == "unresolved"  # one round
     with pytest.raises(SystemExit, match="--margin must lie between 0 and 1"):
         standing(_rounds([0.9, 1.0]), "dynspec-goodput", margin=2.0)
+
+
+def test_the_steady_window_judges_the_levels_when_asked(tmp_path, capsys):
+    # the whole level says goodput trails the threshold by 10%; the steady window, that it is level with it
+    df = _rounds([0.9, 0.9, 0.9])
+    df["steady_output_throughput"] = df["output_throughput"].where(df["arm"] != "dynspec-goodput", 120.0)
+    assert standing(df, "dynspec-goodput").iloc[0]["verdict"] == "short"
+    steady = standing(df, "dynspec-goodput", metric="steady_output_throughput").iloc[0]
+    assert steady["vs_best"] == pytest.approx(1.0) and steady["of_envelope"] == pytest.approx(1.0)
+    df.to_csv(tmp_path / "results.csv", index=False)
+    assert main([str(tmp_path), "--metric", "steady_output_throughput"]) == 0
+    assert " met" in capsys.readouterr().out
+    _results(tmp_path)  # a run from before the steady window
+    with pytest.raises(SystemExit, match="the run has no steady_output_throughput"):
+        main([str(tmp_path), "--metric", "steady_output_throughput"])

@@ -86,6 +86,8 @@ def test_full_two_arm_sweep_with_emulated_servers(tmp_path):
     assert (df.completed == 8).all() and (df.failed == 0).all() and (df.error == "").all()
     assert (df.total_output_tokens == 8 * 16).all() and (df.total_input_tokens == 8 * 64).all()
     assert (df.output_throughput > 0).all() and (df.run_id == "tiny").all() and (df.backend == "emulate").all()
+    # every level a closed loop of more requests than clients: a steady window, shorter than the level
+    assert (df.steady_output_throughput > 0).all() and (df.steady_s < df.duration_s).all()
     base, eagle = df[df.arm == "baseline"], df[df.arm == "eagle3"]
     assert set(base.policy) == {"none"} and set(eagle.policy) == {"always"}
     # Counters scraped around each level: the eagle3 emulator speculates every step, baseline never.

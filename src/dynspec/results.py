@@ -3,6 +3,8 @@
 Per-request records from the simulator, the emulator or a live server are reduced
 to a row here, with sglang.bench_serving's definitions:
   output_throughput = generated tokens / (last completion - first dispatch)
+  steady_output_throughput = tokens streamed while a closed loop holds all C requests in flight
+      (after the first C have their first token, up to the last dispatch) / that window, steady_s
   TPOT = (e2e - ttft) / (output tokens - 1)    (requests with more than one token)
   ITL  = gaps between streamed chunks
 Warm-up requests never reach these functions.
@@ -37,11 +39,14 @@ METRIC_COLUMNS = [
     "output_throughput", "request_throughput", "request_goodput", "slo_attainment",
     *[f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90", "p95", "p99")],
     "accept_length", "spec_step_fraction", "switches", "emulator_lag_s", "error",
+    "steady_output_throughput", "steady_s",
 ]
 # emulator_lag_s: how far an emulator fell behind its profile during the level (rows' clock); an
 # emulated level lagging more than EMULATOR_LAG_LIMIT of its duration measured a slower server.
 EMULATOR_LAG_LIMIT = 0.02
 RESULT_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
+# The schema from 2026-11-30 to 2026-12-06 (no steady window): still read, those columns NaN.
+PREVIOUS_COLUMNS = [c for c in RESULT_COLUMNS if c not in ("steady_output_throughput", "steady_s")]
 TEXT_COLUMNS = ["run_id", "arm", "policy", "backend", "profile", "error"]
 # The schema before 2026-11-30 (median and p99 only, no rates, no goodput): still read, its
 # missing columns NaN (request_rate inf: every level then was closed-loop).
@@ -68,7 +73,7 @@ def extra_columns(percentiles) -> list[str]:
 
 def _known(columns: list[str]) -> bool:
     """A header this module reads: the current or legacy columns, then extra percentile columns."""
-    for base in (RESULT_COLUMNS, LEGACY_COLUMNS):
+    for base in (RESULT_COLUMNS, PREVIOUS_COLUMNS, LEGACY_COLUMNS):
         if columns[:len(base)] == base and all(_EXTRA.fullmatch(c) for c in columns[len(base):]):
             return True
     return False
@@ -133,9 +138,40 @@ def good_requests(requests: Sequence[RequestRecord], slo: dict[str, float]) -> i
     return n
 
 
+def _token_times(r: RequestRecord) -> np.ndarray:
+    """When each output token of a request arrived: what the first chunk carried at its first token,
+    then one per inter-token gap (evenly spread from first token to end where the gaps do not add up)."""
+    first = r.start + (r.ttft or 0.0)
+    n, gaps = r.output_tokens, len(r.itls)
+    if 0 <= gaps < n:
+        return first + np.concatenate([np.zeros(n - gaps), np.cumsum(np.asarray(r.itls, dtype=float))])
+    return np.linspace(first, r.end, n)
+
+
+def steady_window(requests: Sequence[RequestRecord], concurrency: int) -> tuple[float, float]:
+    """(tokens per second, seconds) while a closed loop of `concurrency` clients keeps every client
+    waiting on the server: from the moment the first wave's last request has its first token to the
+    last dispatch.  The first wave's prefills and the drain, whose length hangs on which request
+    happened to go last, are left out.  NaN where the level has no such window."""
+    reqs = sorted(requests, key=lambda r: r.start)
+    ok = [r for r in reqs if r.ok and r.ttft is not None]
+    if concurrency < 1 or len(ok) != len(reqs) or len(reqs) <= concurrency:
+        return math.nan, math.nan
+    t0 = max(r.start + (r.ttft or 0.0) for r in reqs[:concurrency])
+    t1 = reqs[-1].start
+    if t1 <= t0:
+        return math.nan, math.nan
+    tokens = 0
+    for r in ok:
+        times = _token_times(r)
+        tokens += int(np.searchsorted(times, t1, side="right") - np.searchsorted(times, t0, side="right"))
+    return tokens / (t1 - t0), t1 - t0
+
+
 def summarize(
     requests: Iterable[RequestRecord],
     *,
+    concurrency: int | None = None,
     percentiles=DEFAULT_PERCENTILES,
     slo: dict[str, float] | None = None,
     accept_length: float = math.nan,
@@ -147,6 +183,7 @@ def summarize(
 
     slo (ms, keys among ttft, tpot, e2e): request_goodput is the requests per second that
     met all of them, slo_attainment their share of every measured request (failed included).
+    concurrency: a closed loop's C, for the steady window (steady_window); None for an open loop.
     """
     reqs = list(requests)
     ok = [r for r in reqs if r.ok]
@@ -174,6 +211,8 @@ def summarize(
     row.update(_stats("e2e", [r.e2e for r in ok], percentiles))
     row.update(accept_length=accept_length, spec_step_fraction=spec_step_fraction,
                switches=switches, error=error)
+    steady, steady_s = steady_window(reqs, concurrency) if concurrency else (math.nan, math.nan)
+    row.update(steady_output_throughput=steady, steady_s=steady_s)
     return row
 
 
@@ -338,7 +377,7 @@ def read_table(path: str | Path):
         df.insert(ID_COLUMNS.index("request_rate"), "request_rate", math.inf)  # the legacy schema: closed loop
     missing = [c for c in RESULT_COLUMNS if c not in df.columns]
     if missing and all(c in df.columns for c in LEGACY_COLUMNS):
-        for c in missing:  # legacy: p90/p95 and goodput were not measured
+        for c in missing:  # older schemas: what they did not measure
             df[c] = math.nan
         df = df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
     elif missing:

@@ -8,6 +8,7 @@ other for every level of a run, and splits a patched server's step trace (DYNSPE
 steady steps and the rest.
 
     python -m dynspec.analysis.cost_ratio RUN_DIR [--plain baseline] [--eagle eagle3] [--policy dynspec-goodput]
+        [--metric steady_output_throughput]
     python -m dynspec.analysis.cost_ratio --trace TRACE.csv[.gz] [--prefills]
 """
 
@@ -44,8 +45,10 @@ def _estimates(scrape: Path) -> dict | None:
     return None
 
 
-def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: str = "dynspec-goodput") -> list[dict]:
-    """Per level and repeat: the ratio the arms imply and the one the policy acted on (its bucket)."""
+def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: str = "dynspec-goodput",
+           metric: str = "output_throughput") -> list[dict]:
+    """Per level and repeat: the ratio the arms imply (by `metric`: the whole level's throughput or
+    its steady window's) and the one the policy acted on (its bucket)."""
     rows: dict[tuple[int, int], dict[str, dict]] = {}
     with open(run / "results.csv") as f:
         for r in csv.DictReader(f):
@@ -56,7 +59,7 @@ def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: st
         if plain not in arms or eagle not in arms:
             continue
         a = float(arms[eagle]["accept_length"])
-        implied = a * float(arms[plain]["output_throughput"]) / float(arms[eagle]["output_throughput"])
+        implied = a * float(arms[plain].get(metric) or "nan") / float(arms[eagle].get(metric) or "nan")
         acted = None
         for name in (f"{policy}_c{c}_r{rep}.json", f"{policy}_c{c}_r{rep}.json.gz"):
             if (run / "scrapes" / name).exists():
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain", default="baseline")
     ap.add_argument("--eagle", default="eagle3")
     ap.add_argument("--policy", default="dynspec-goodput")
+    ap.add_argument("--metric", default="output_throughput", choices=["output_throughput", "steady_output_throughput"],
+                    help="the arms' throughput the implied ratio comes from (default: the whole level's)")
     ap.add_argument("--trace", help="a step trace (DYNSPEC_STEP_TRACE) to split instead")
     ap.add_argument("--prefills", action="store_true",
                     help="with --trace: prefill ms per prompt by mode, launched while decoding or on an idle server")
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         run = Path(args.run)
         if not (run / "results.csv").is_file():
             ap.error(f"{run}: no results.csv (a run folder)")
-        rows = ratios(run, args.plain, args.eagle, args.policy)
+        rows = ratios(run, args.plain, args.eagle, args.policy, args.metric)
     else:
         ap.error("give a run folder or --trace")
     if not rows:

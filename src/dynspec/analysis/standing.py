@@ -16,9 +16,12 @@ errors is at or above 1 - MARGIN, `short` where the mean plus two is below it, e
 and `rounds_for_margin` how many rounds at this spread would make two standard errors MARGIN.
 
     python -m dynspec.analysis.standing RUN_DIR [--sim SIM_RUN_DIR] [--arm dynspec-goodput] [--skip ARM ...] [--margin 0.02]
+        [--metric steady_output_throughput]
 
 `--skip` leaves an arm out of every comparison: a server that is configured differently on
 purpose (SGLang's torch layer bodies beside the fused ones, say) is no twin and no envelope.
+`--metric steady_output_throughput` judges each level by its steady window (dynspec.results.steady_window)
+rather than by the whole level, first wave and drain included.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _margin_verdict(ratios: pd.Series, margin: float) -> dict:
 
 
 def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None,
-             margin: float = 0.02) -> pd.DataFrame:
+             margin: float = 0.02, metric: str = METRIC) -> pd.DataFrame:
     """One row per concurrency: `arm`'s share of the envelope (mean over rounds, worst round), its
     ratio to each other switching arm (mean over rounds), spec/plain of the static arms, the
     rounds counted, against the strongest other switching arm whether the rounds settle "within
@@ -68,8 +71,10 @@ def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None,
     if not plain or not spec:
         raise SystemExit("standing: the run needs a plain arm and an always-speculating arm")
     keys = ["concurrency", "repeat"]
-    wide = results.pivot_table(index=keys, columns="arm", values=METRIC)
-    env = envelope(results, keys).set_index(keys)["envelope"]
+    if metric not in results or not results[metric].notna().any():
+        raise SystemExit(f"standing: the run has no {metric} (steady_output_throughput: runs from 2026-12-06 on)")
+    wide = results.pivot_table(index=keys, columns="arm", values=metric)
+    env = envelope(results, keys, value=metric).set_index(keys)["envelope"]
     per_round = pd.DataFrame({"of_envelope": wide[arm] / env,
                               "spec_over_plain": wide[spec].max(axis=1) / wide[plain].max(axis=1)})
     others = [a for a in wide.columns if a not in plain + spec + [arm]]
@@ -94,8 +99,8 @@ def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None,
         verdicts = verdicts.astype({"vs_best": float, "vs_best_se": float, "rounds_for_margin": float})
         out = out.join(verdicts.astype({"rounds_for_margin": "Int64"}))
     if sim is not None:
-        live_mean = results[results["arm"] == arm].groupby("concurrency")[METRIC].mean()
-        sim_mean = sim[sim["arm"] == arm].groupby("concurrency")[METRIC].mean()
+        live_mean = results[results["arm"] == arm].groupby("concurrency")[metric].mean()
+        sim_mean = sim[sim["arm"] == arm].groupby("concurrency")[metric].mean()
         out["sim_over_live"] = sim_mean / live_mean
     return out.reset_index()
 
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", action="extend", nargs="+", default=[], metavar="ARM", help="arms left out")
     p.add_argument("--margin", type=float, default=0.02,
                    help="how close to the strongest other switching arm counts as level with it (default 0.02)")
+    p.add_argument("--metric", default=METRIC, choices=[METRIC, "steady_output_throughput"],
+                   help=f"what a level is judged by (default {METRIC}, the whole level's)")
     args = p.parse_args(argv)
     live = _read(args.run)
     unknown = sorted(set(args.skip) - set(live["arm"]))
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     sim = _read(args.sim) if args.sim else None
     if sim is not None:
         sim = sim[~sim["arm"].isin(args.skip)]
-    table = standing(live, args.arm, sim, margin=args.margin)
+    table = standing(live, args.arm, sim, margin=args.margin, metric=args.metric)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 

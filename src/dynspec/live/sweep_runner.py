@@ -380,7 +380,8 @@ class _Sweep:
         reset = server.reset_accept_counters(before.server_info)
         if driver == "dynspec":
             records, error = self.measure_dynspec(arm, lv, r, name)
-            metrics = summarize(records, **cfg.summary_args())
+            metrics = summarize(records, concurrency=lv.concurrency if lv.closed and cfg.prompt_caps() is None
+                                else None, **cfg.summary_args())
         else:
             metrics, records, error = self.measure_bench_serving(arm, lv, r, name)
         if any(not x.ok for x in records) or error:

@@ -44,14 +44,14 @@ SITE_GPU = Path(__file__).parent / "site-gpu"
 
 # CPU: the torch-native attention and sampling backends, no CUDA graphs, float32, and a
 # KV pool sized in tokens (by default SGLang sizes it to a share of all free CPU memory).
+# An idle scheduler (0.5.9's and 0.5.23's) polls its sockets without sleeping: servers sharing a
+# few cores would starve the one at work, so on a CPU they sleep until a request comes.
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
             "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "8192",
-            "--max-running-requests", "8"]
+            "--max-running-requests", "8", "--sleep-on-idle"]
 # GPU without flashinfer: Triton attention (its draft-extend is CUDA-graphed in 0.5.9).
 GPU_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
 COMMON_ARGS = ["--grammar-backend", "none", "--random-seed", "0", "--skip-server-warmup"]
-# 0.5.23's idle scheduler polls without sleeping: servers sharing two cores would starve each other.
-CPU_ARGS_0523 = ["--sleep-on-idle"]
 
 
 def _check_version(version: str) -> None:
@@ -146,8 +146,6 @@ def server_argv(model: str | Path, port: int, *, host: str = "127.0.0.1", draft:
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
             "--host", host, "--port", str(port)]
     argv += GPU_ARGS if gpu else CPU_ARGS
-    if version == "0.5.23":
-        argv += CPU_ARGS_0523
     argv += COMMON_ARGS
     if draft is not None:
         argv += spec_args(draft)

@@ -121,7 +121,8 @@ def simulate_level(profile, arm: str, concurrency: int, *, num_prompts: int | No
                 start=req.submit_time, end=end, output_tokens=req.generated,
                 input_tokens=req.input_len, ttft=first - req.submit_time, itls=itls))
     st = engine.stats
-    metrics = summarize(records, percentiles=percentiles, slo=slo, accept_length=st.accept_length,
+    metrics = summarize(records, concurrency=concurrency if closed and caps is None else None,
+                        percentiles=percentiles, slo=slo, accept_length=st.accept_length,
                         spec_step_fraction=st.spec_step_fraction, switches=st.switches)
     if engine_out is not None:
         engine_out.append(engine)
