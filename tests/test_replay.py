@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from dynspec.analysis.replay import main, read_levels, replay
+from dynspec.analysis.replay import main, read_levels, replay, tenths
 
 
 def write_trace(path, spec_ms: float, plain_ms: float = 7.3, batch: int = 32, levels: int = 2) -> None:
@@ -70,3 +70,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     other.write_text("arm,concurrency\nbaseline,8\n")
     assert main([str(other)]) == 2
     assert "not a step trace" in capsys.readouterr().err
+
+
+def test_a_level_followed_tenth_by_tenth_from_a_fresh_policy(tmp_path, capsys):
+    path = tmp_path / "goodput.csv.gz"
+    write_trace(path, 13.0)
+    rows = tenths(read_levels(path)[1])
+    assert [r["tenth"] for r in rows] == list(range(1, 11)) and {r["peak_batch"] for r in rows} == {32}
+    assert rows[0]["spec_ms"] is None and rows[0]["gain"] is None  # the first 40 steps ran plain
+    last = rows[-1]
+    assert last["plain_ms"] == pytest.approx(7.3, rel=0.15) and last["spec_ms"] == pytest.approx(13.0, rel=0.15)
+    assert last["gain"] > 1.1  # as the whole level's replay says
+    assert main([str(path), "--level", "1", "--tenths"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("tenth\tpeak batch")
+    assert main([str(path), "--level", "1"]) == 0  # a fresh policy from level 1: one row
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main([str(path), "--level", "2"]) == 2
+    assert "the trace has levels 0..1" in capsys.readouterr().err

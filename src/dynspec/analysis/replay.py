@@ -14,6 +14,12 @@ evenly over its requests, and its KV tokens are rebuilt from the prompts' and st
 trace keeps neither).
 
     python -m dynspec.analysis.replay RUN_DIR/traces.call1/goodput.csv.gz [--spec goodput:window=3]
+    python -m dynspec.analysis.replay TRACE --level 3 --tenths
+
+`--level N` starts a fresh policy at level N (a policy built when that level began, as a policy
+control file's first switch to it does); `--tenths` then follows that one level, its first k tenths
+fed for k = 1..10, and prints what the policy would weigh at the level's largest batch after each:
+the plain and speculative step times (moved to the batch's KV tokens), the accepted drafts, the gain.
 """
 
 from __future__ import annotations
@@ -53,12 +59,18 @@ def read_levels(path: Path) -> list[list[dict]]:
     return levels
 
 
-def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dict]:
-    """Per level: its largest batch, the share of its steps that speculated, and the median gain
-    the policy weighed at that batch (None where it had no estimate)."""
+def _fresh(spec: str) -> Goodput:
     p = build_policy(spec)
     if not isinstance(p, Goodput):
         raise PolicySpecError(f"{spec}: replay reads goodput's estimates")
+    return p
+
+
+def replay(levels: list[list[dict]], spec: str = "goodput:window=3", policy: Goodput | None = None) -> list[dict]:
+    """Per level: its largest batch, the share of its steps that speculated, and the median gain
+    the policy weighed at that batch (None where it had no estimate).  `policy`: the one fed (by
+    default a fresh one of `spec`)."""
+    p = policy if policy is not None else _fresh(spec)
     out = []
     for level in levels:
         decodes = [int(r["batch"]) for r in level if r["kind"] in "SP"]
@@ -106,16 +118,49 @@ def replay(levels: list[list[dict]], spec: str = "goodput:window=3") -> list[dic
     return out
 
 
+def tenths(level: list[dict], spec: str = "goodput:window=3") -> list[dict]:
+    """What a fresh policy would weigh at the level's largest batch after its first k tenths, k = 1..10:
+    the step times it would use there (at the KV tokens then), the accepted drafts and the gain."""
+    peak = max((int(r["batch"]) for r in level if r["kind"] in "SP"), default=0)
+    out = []
+    for k in range(1, 11):
+        part = level[: len(level) * k // 10]
+        if not any(r["kind"] in "SP" for r in part):
+            continue
+        p = _fresh(spec)
+        replay([part], policy=p)
+        b = bucket_of(peak)
+        (tp, ts), acc, gain = p._times(b), p._accepted(b), p._gain(b)
+        out.append({"tenth": k, "peak_batch": peak,
+                    "plain_ms": None if tp is None else round(tp * 1e3, 2),
+                    "spec_ms": None if ts is None else round(ts * 1e3, 2),
+                    "accepted": None if acc is None else round(acc, 3),
+                    "gain": None if gain is None else round(gain, 3)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, help="a DYNSPEC_STEP_TRACE file (.csv or .csv.gz)")
     ap.add_argument("--spec", default="goodput:window=3", help="the policy (default goodput:window=3, as a live server runs it)")
+    ap.add_argument("--level", type=int, default=0, help="start a fresh policy at this level (default 0, the first)")
+    ap.add_argument("--tenths", action="store_true", help="follow that one level tenth by tenth")
     a = ap.parse_args(argv)
     if not a.trace.is_file():
         print(f"{a.trace}: no such file", file=sys.stderr)
         return 2
     try:
-        rows = replay(read_levels(a.trace), a.spec)
+        levels = read_levels(a.trace)
+        if not 0 <= a.level < len(levels):
+            print(f"{a.trace}: --level {a.level}: the trace has levels 0..{len(levels) - 1}", file=sys.stderr)
+            return 2
+        if a.tenths:
+            steps = tenths(levels[a.level], a.spec)
+            print("tenth\tpeak batch\tplain ms\tspec ms\taccepted\tgain")
+            for r in steps:
+                print("\t".join(str(r[k]) for k in ("tenth", "peak_batch", "plain_ms", "spec_ms", "accepted", "gain")))
+            return 0
+        rows = replay(levels[a.level:], a.spec)
     except (TraceError, PolicySpecError, KeyError, ValueError) as e:
         print(f"{a.trace}: {e}", file=sys.stderr)
         return 2
