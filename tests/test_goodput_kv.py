@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
+from dynspec.analysis.replay import read_levels, tenths
 from dynspec.policy import StepRecord, build_policy
 from dynspec.policy.goodput import Goodput
 from dynspec.sim.engine import Engine
@@ -183,3 +186,20 @@ def test_the_plane_tells_batch_size_from_kv_tokens_where_they_move_apart():
     # One batch size (z fixed): KV tokens alone
     c, h = _plane(0.0, 0.0, 1e6, 0.0, 0.25)
     assert (c, h) == (0.0, pytest.approx(2.5e-7))
+
+
+
+# One H100's first C=16 level of crossover-steady (experiments/h200-llama8b-crafted), on a goodput
+# policy built as the level began: its step trace.
+FRESH_C16 = Path(__file__).parent / "data" / "goodput-trace-c16-fresh.csv.gz"
+
+
+def test_a_few_steps_a_few_hundred_tokens_apart_are_no_slope(monkeypatch):
+    # Live, a fresh policy's first four speculative steps at batch 16 (one a 23 ms stall) were read
+    # as 28 us a KV token, its speculative time moved to the +50% cap and it decoded plain through
+    # the second to fourth tenths of a level where EAGLE-3 won by 1.18.  Replayed on that trace:
+    (level,) = read_levels(FRESH_C16)
+    gains = [r["gain"] for r in tenths(level)]
+    assert min(gains[1:]) > 1.0
+    monkeypatch.setattr(Goodput, "KV_RIDGE", 0)  # without the ridge, as it ran
+    assert max(tenths(level)[1:3], key=lambda r: r["gain"])["gain"] < 0.85

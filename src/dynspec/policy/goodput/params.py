@@ -57,10 +57,16 @@ class GoodputConstants:
     # a regression of steady steps on both about the bucket's running means, over the last
     # KV_SPAN..2 KV_SPAN samples (a steady step in four on one process), shrunk to the one pooled
     # over buckets as if that were KV_MIN samples; used once KV_MIN samples fed the pooled one, and
-    # a step's time moved by it at most KV_SHIFT_MAX of the bucket's.
+    # a step's time moved by it at most KV_SHIFT_MAX of the bucket's.  The fit rests besides on
+    # KV_MIN samples of no slope spread KV_RIDGE tokens about the point (a ridge): steps a few hundred
+    # tokens apart cannot tell a slope of a microsecond a token from a step's noise (a millisecond;
+    # four of them, one slow, put 28 us a token on a speculative step at batch 16 whose slope was
+    # 0.5, and its time at the +50% cap), while a level's thousands of tokens over hundreds of steps
+    # outweigh the ridge a hundredfold.
     KV_SPAN = 256
     KV_MIN = 16
     KV_SHIFT_MAX = 0.5
+    KV_RIDGE = 512
 
 
 def knob(default: Any, help: str, option: str | None = None) -> Any:

@@ -118,7 +118,9 @@ class StepTimes(PrefillAccount):
         if n < self.KV_MIN or s[2] <= 0.0:
             return
         r = self.KV_MIN / s[5]  # the pooled as KV_MIN steps
-        c, h = _plane(sb[0] + r * s[0], sb[1] + r * s[1], sb[2] + r * s[2], sb[3] + r * s[3], sb[4] + r * s[4])
+        ridge = self.KV_MIN * self.KV_RIDGE * self.KV_RIDGE
+        c, h = _plane(sb[0] + r * s[0], sb[1] + r * s[1], sb[2] + r * s[2] + ridge, sb[3] + r * s[3],
+                      sb[4] + r * s[4])
         self._bs_slope[m][b], self._kv_slope[m][b] = c, h
 
     def _fill(self, b: int) -> None:
