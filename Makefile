@@ -63,7 +63,7 @@ lint: test-venv
 	$(PY) -m mypy
 
 # Your own loop: everything but the slow tests (real SGLang servers, bench_serving in real time, the
-# 0.5.23 wheel import: about 19 minutes of them), on every core (pytest-xdist, work stealing).  CI's
+# 0.5.23 wheel import: about 15 minutes of them), on every core (pytest-xdist, work stealing).  CI's
 # `make test` runs those slow ones serially: its real-server tests start several SGLang servers at once.
 test-fast: test-venv
 	$(PY) -m pytest -m "not slow" -n auto --dist worksteal

@@ -7,10 +7,10 @@ build; its three spec-path ops are torch code, every other entry raises) and `to
 (imported by SGLang's multimodal configs; the index's build cannot load beside the CPU
 torch).  `dynspec.realsglang.compat` lists the patches SGLang needs to run EAGLE on a CPU.
 
-Arms start in waves of seven and get the same prompts at concurrency 1 and 4; output lengths
-differ per prompt so that at concurrency 4 the batch shrinks 4 -> 1 and threshold:2 switches
-both ways.  Four mutant arms carry a deliberately broken plain step or plain-stretch prefill and must
-fail the checks.
+Arms start together (their processes forked on a CPU: compat.fork_server_processes) and get the
+same prompts at concurrency 1 and 4; output lengths differ per prompt so that at concurrency 4 the
+batch shrinks 4 -> 1 and threshold:2 switches both ways.  Four mutant arms carry a deliberately
+broken plain step or plain-stretch prefill and must fail the checks.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from sglang_mutants import CATCH_UP_MUTANTS, MUTANTS, mutant_site  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / ".cache" / "real-sglang"  # ignored by git
 N_PROMPTS = 4
-WAVE = 7  # arms started side by side
 LEVELS = (1, 4)
 # Then prompts of two output tokens, one at a time: a prefill and two decode steps each (the
 # overlap scheduler runs one step past the last token).  Alternating S, P, every request's prefill
@@ -76,18 +75,23 @@ def runs(tmp_path_factory):
     prompts, lengths = shrinking_prompts(N_PROMPTS)
     first_prompts, _ = shrinking_prompts(FIRST_STEPS, seed=11)
     out = {"prompts": prompts, "lengths": lengths, "logdir": logdir, "arms": {}}
+    def measure(name: str, server) -> None:
+        levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
+        before = server_info(server)
+        greedy(server, first_prompts, [2] * FIRST_STEPS, 1)
+        snap = server.scrape()
+        out["arms"][name] = {"levels": levels, "info": server_info(server), "metrics": snap.metrics,
+                             "before_first_steps": before, "healthy_after": server.healthy_after}
+        if name == "patched-goodput":
+            out["arms"][name]["prefill_launches"] = idle_and_busy_prefills(server, prompts[0])
+
     try:
-        for wave in (arms[i:i + WAVE] for i in range(0, len(arms), WAVE)):  # all at once: not in 24 GB
-            with start_arms(wave, models, logdir) as servers:
-                for name, server in servers.items():
-                    levels = {c: greedy(server, prompts, lengths, c) for c in LEVELS}
-                    before = server_info(server)
-                    greedy(server, first_prompts, [2] * FIRST_STEPS, 1)
-                    snap = server.scrape()
-                    out["arms"][name] = {"levels": levels, "info": server_info(server), "metrics": snap.metrics,
-                                         "before_first_steps": before, "healthy_after": server.healthy_after}
-                    if name == "patched-goodput":
-                        out["arms"][name]["prefill_launches"] = idle_and_busy_prefills(server, prompts[0])
+        with start_arms(arms, models, logdir) as servers:  # all at once: about 11 GB here
+            # Two servers at work at a time, one a core (the others sleep on idle); every check
+            # reads one server's own outputs and counters.
+            with ThreadPoolExecutor(2) as pool:
+                for done in [pool.submit(measure, name, server) for name, server in servers.items()]:
+                    done.result()
     finally:
         for log in sorted(logdir.glob("*.log")):
             out.setdefault("logs", {})[log.stem] = log.read_text(errors="replace")

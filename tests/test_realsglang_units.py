@@ -205,3 +205,43 @@ def test_cpu_cores_are_split_between_tp_ranks():
     assert [compat.rank_cores(2, r, [3, 0, 1, 2]) for r in range(2)] == ["0,1", "2,3"]
     assert [compat.rank_cores(3, r, [0, 1]) for r in range(3)] == ["0", "1", "0"]  # fewer cores than ranks
     assert compat.rank_cores(2, 1, [4, 5, 6, 7, 8]) == "6,7"
+
+
+@pytest.mark.parametrize("spawn_env, expected", [(None, "fork"), ("1", "spawn")])
+def test_a_cpu_server_forks_its_processes_unless_told_to_spawn(monkeypatch, spawn_env, expected):
+    """SGLang's engine sets the start method to spawn; on a CPU the hook makes that a fork (its
+    children keep the launcher's imports), and DYNSPEC_CPU_SPAWN=1 leaves SGLang's spawn."""
+    import multiprocessing
+    import types
+
+    assert len(compat._HOOKS["sglang.srt.entrypoints.engine"]) == 2  # 0.5.9's engine and 0.5.23's
+    if spawn_env is None:
+        monkeypatch.delenv("DYNSPEC_CPU_SPAWN", raising=False)
+    else:
+        monkeypatch.setenv("DYNSPEC_CPU_SPAWN", spawn_env)
+    monkeypatch.setattr(multiprocessing, "set_start_method", multiprocessing.set_start_method)
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        compat.fork_server_processes(types.SimpleNamespace())
+        multiprocessing.set_start_method("spawn", force=True)  # what the engine does
+        assert multiprocessing.get_start_method() == expected
+    finally:
+        multiprocessing.context._default_context._actual_context = None
+        if before is not None:
+            multiprocessing.context._default_context.set_start_method(before, force=True)
+
+
+def test_an_unpacked_sglang_is_byte_compiled_naming_where_it_will_live(tmp_path):
+    """Every server process reads the compiled modules instead of compiling them again, and a
+    traceback names the cache folder the copy is renamed to, not the temporary one."""
+    import importlib.util
+    import marshal
+
+    tree = tmp_path / ".tmp-copy"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("X = 1\n")
+    realsglang._compile(tree, tmp_path / "final")
+    pyc = tree / "pkg" / importlib.util.cache_from_source("__init__.py")
+    assert pyc.is_file()
+    code = marshal.loads(pyc.read_bytes()[16:])
+    assert code.co_filename == str(tmp_path / "final" / "pkg" / "__init__.py")

@@ -26,6 +26,7 @@ No other package is stood in for: an absent one raises ImportError as usual.
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import os
 import shutil
@@ -95,6 +96,9 @@ def sglang_site(patched: bool, root: Path | None = None, version: str = VERSION)
     name = f"{version}-patched-{_patch_digest(version)}" if patched else f"{version}-upstream"
     dest = root / name
     if (dest / ".complete").exists():
+        if not (dest / ".compiled").exists():  # unpacked before copies were byte-compiled
+            _compile(dest, dest)
+            (dest / ".compiled").write_text("")
         return dest
     tmp = root / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -103,12 +107,22 @@ def sglang_site(patched: bool, root: Path | None = None, version: str = VERSION)
         out = patching.do_apply(patching.find_sglang(tmp))
         if out.code != 0:
             raise RuntimeError(f"dynspec patch apply failed on the unpacked wheel: {out.message}")
+    _compile(tmp, dest)
+    (tmp / ".compiled").write_text("")
     (tmp / ".complete").write_text("")
     try:
         tmp.rename(dest)
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _compile(tree: Path, final: Path) -> None:
+    """Byte-compile an unpacked SGLang once, as pip does on install: every process of every server
+    otherwise compiles its few hundred modules again, and a Python run with PYTHONDONTWRITEBYTECODE
+    (as some CI images set) never keeps what it compiled.  Paths in tracebacks name `final`.  A file
+    this Python cannot compile is left as source: importing it would fail the same way."""
+    compileall.compile_dir(tree, ddir=str(final), quiet=2, workers=0)
 
 
 def server_env(site: Path, *, gpu: bool = False, base: dict | None = None,

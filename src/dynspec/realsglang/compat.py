@@ -332,6 +332,26 @@ def no_triton_kv_copy_warmup(m):
     m.MHATokenToKVPool._init_kv_copy_and_warmup = lambda self: setattr(self, "_kv_copy_config", None)
 
 
+@after_import("sglang.srt.entrypoints.engine", when="cpu")
+@after_import("sglang.srt.entrypoints.engine", when="cpu", version="0.5.23")
+def fork_server_processes(m):
+    """SGLang spawns its scheduler and detokenizer, each a fresh interpreter (CUDA cannot be
+    forked), which imports again the SGLang, transformers and torch the launcher already holds:
+    about ten seconds of a core per process.  On a CPU nothing stops a fork, and several servers
+    sharing a few cores start in much less time.  DYNSPEC_CPU_SPAWN=1 keeps SGLang's spawn."""
+    import multiprocessing
+
+    if os.environ.get("DYNSPEC_CPU_SPAWN") == "1" or getattr(multiprocessing.set_start_method, "_dynspec_compat", False):
+        return
+    original = multiprocessing.set_start_method
+
+    def set_start_method(method, force=False):
+        original("fork" if method == "spawn" else method, force=force)
+
+    set_start_method._dynspec_compat = True
+    multiprocessing.set_start_method = set_start_method
+
+
 @after_import("sglang.srt.managers.overlap_utils", when="cpu")
 def record_stream_on_cpu(m):
     """FutureMap calls tensor.record_stream(current stream); CPU tensors have no streams and
