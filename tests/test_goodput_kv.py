@@ -55,7 +55,7 @@ def test_a_bucket_timed_on_long_contexts_speculates_on_short_ones_at_once():
     # Long contexts after short ones: the slope learned on the first phase's growing contexts
     # moves the speculative time up before a step there is timed; by batch size alone it stays
     # at the short contexts' until measured.
-    assert by_kv[1][0] < 0.5 * by_batch[1][0]
+    assert by_kv[1][0] < 0.6 * by_batch[1][0] and by_kv[1][1] > 1.02 * by_batch[1][1]
     assert by_kv[1][1] >= 0.97 * never[1][1]
     # Short contexts again: by batch size the bucket holds the long contexts' time and decodes
     # plain for most of the phase; by KV tokens it speculates from the first wave.
@@ -203,3 +203,23 @@ def test_a_few_steps_a_few_hundred_tokens_apart_are_no_slope(monkeypatch):
     assert min(gains[1:]) > 1.0
     monkeypatch.setattr(Goodput, "KV_RIDGE", 0)  # without the ridge, as it ran
     assert max(tenths(level)[1:3], key=lambda r: r["gain"])["gain"] < 0.85
+
+
+# One H200's C=16 level of crossover-ridge (experiments/h200-llama8b-crafted) on a goodput policy
+# built as the level began, where speculating paid about 5% a step: its step trace.
+FRESH_C16_H200 = Path(__file__).parent / "data" / "goodput-trace-c16-h200-fresh.csv.gz"
+
+
+def test_a_few_speculative_steps_do_not_move_the_acceptance_by_more_than_the_margin(monkeypatch):
+    # Live, eight speculative steps after a switch weighed half the acceptance estimate: it read
+    # 1.05-1.26 accepted drafts a request through a level whose steps accepted 1.16, moved the gain
+    # by 5% against a 2% margin, and the policy switched modes 30 times a level.
+    (level,) = read_levels(FRESH_C16_H200)
+    peak = max(int(r["batch"]) for r in level if r["kind"] in "SP")
+    spec = [int(r["count"]) / peak for r in level if r["kind"] == "S" and int(r["batch"]) == peak]
+    truth = sum(spec) / len(spec)
+    read = [r["accepted"] for r in tenths(level)[1:]]
+    assert max(abs(a / truth - 1.0) for a in read) < 0.05
+    monkeypatch.setattr(Goodput, "ACC_STEPS", 10)  # a step weighing up to 1/10, as it ran
+    read = [r["accepted"] for r in tenths(level)[1:]]
+    assert max(abs(a / truth - 1.0) for a in read) > 0.07

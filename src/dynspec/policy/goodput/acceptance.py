@@ -32,7 +32,7 @@ class AcceptanceEstimates(GoodputBase):
         # capped, as the estimate forgets (an EMA over about 1 / acc_alpha of them).
         self._acc_steps = [float(self.SHRINK) if profile is not None else 0.0] * n
         self._acc_steps_max = 1.0 / self.acc_alpha
-        self._acc_weight = [min(self.alpha, 1.0 - (1.0 - self.acc_alpha) ** k) for k in range(257)]
+        self._acc_weight = [min(1.0 / self.ACC_STEPS, self.alpha, 1.0 - (1.0 - self.acc_alpha) ** k) for k in range(257)]
         self._acc_weight_n = len(self._acc_weight)
         self._acc_at = [0] * n  # _in_bucket at the last acceptance sample
         # Each running request's accepted drafts [sum, sum of squares, steps], by request id, and the

@@ -18,6 +18,13 @@ class GoodputConstants:
     # Batches up to this size are estimated request by request: a speculative step then costs
     # O(batch) Python; above it a batch's mean is the population's within a few percent.
     PER_REQUEST_MAX = 8
+    # One speculative step's samples weigh at most 1 / ACC_STEPS in the acceptance estimate (a
+    # probe's, standing for the steps since the last one, up to `alpha`): a batch's acceptance
+    # moves only as its requests come and go, over hundreds of steps, while one step's mean at
+    # batch 16 is off by a quarter of a draft.  Capped at `alpha` (0.1) instead, eight
+    # speculative steps moved the gain by 5%, past the margin: a fresh policy at C=16 on one
+    # H200 switched modes 30 times a level where speculating paid 5%.
+    ACC_STEPS = 64
     REQ_WEIGHT = 0.05  # EMA weight of one departed request in the spread of acceptance across requests
     # A request's own steps weigh at most as n / (n + 8): the spread is learned from requests that
     # left, and those that looked bad early stopped being sampled (plain), so it runs high; a

@@ -95,9 +95,9 @@ class Goodput(Decision):
             total = sum(accepted)
             self._emitted += total
             a = total / k
-            # Weighted by the requests it averages, up to alpha: one request's accepted drafts vary
-            # 0..num_steps from step to step, so at batch 1 a step says little.
-            w = self._acc_weight[k] if k < self._acc_weight_n else self.alpha
+            # Weighted by the requests it averages, up to 1 / ACC_STEPS: one request's accepted
+            # drafts vary 0..num_steps from step to step, so at batch 1 a step says little.
+            w = self._acc_weight[k] if k < self._acc_weight_n else self._acc_weight[-1]
             # A sample stands for the steps since the last one in this bucket: a probe from plain
             # weighs as much as the spec steps it replaced, so the estimate forgets at the same
             # pace in either mode (else a low run, sampled densely, switches speculation off and
