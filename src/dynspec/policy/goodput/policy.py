@@ -145,6 +145,8 @@ class Goodput(Decision):
                 if not self._buffer_times:  # one process: its own times are the agreed ones
                     est, ts = self.t_est[m], self.t_est[1][b]
                     prev = est[b]
+                    if prev is not None and not self._seeded[m][b]:
+                        t = self._clip(m, b, t, prev)
                     if prev is not None and not self._seeded[m][b] and t <= self.STALL_MAX * prev \
                             and (m or ts is None or prev <= ts):
                         seen = self._t_seen[m]  # _fold's EMA for one steady step, inline
