@@ -407,17 +407,23 @@ def test_the_sweep_notebook_finds_its_default_config_from_any_folder(tmp_path, c
     assert run.config_name == "ci-tiny" and len(run.results) > 0
 
 
-def test_a_failed_overwrite_leaves_the_published_report_as_it_was(tmp_path):
+def _published_copy(pub, tmp_path: Path) -> tuple[str, ...]:
+    """The session's published run and report copied under tmp_path (an --overwrite test's
+    starting point; a publish of its own costs a pipeline run), and the arguments that name them."""
+    runs, reports, config = tmp_path / "runs", tmp_path / "reports", tmp_path / "tiny.yaml"
+    shutil.copytree(pub.runs, runs)
+    shutil.copytree(pub.reports, reports)
+    config.write_text(TINY_CONFIG)
+    return ("--config", str(config), "--run-id", pub.run_id, "--runs-dir", str(runs), "--reports-dir", str(reports))
+
+
+def test_a_failed_overwrite_leaves_the_published_report_as_it_was(pub, tmp_path):
     """The report is built beside the published one and renamed into place once whole: an
     --overwrite that dies half-way (here its report notebook raises; Ctrl-C during `make publish`
     alike) used to delete report.html and summary.json before anything new existed."""
-    config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG)
-    reports, runs = tmp_path / "reports", tmp_path / "runs"
-    common = ("--config", str(config), "--run-id", "pub", "--runs-dir", str(runs), "--reports-dir", str(reports))
-    first = run_pipeline(*common)
-    assert first.returncode == 0, first.stdout + first.stderr
-    published = {p.name: p.read_bytes() for p in (reports / "pub").iterdir()}
+    common = _published_copy(pub, tmp_path)
+    reports = tmp_path / "reports"
+    published = {p.name: p.read_bytes() for p in (reports / pub.run_id).iterdir()}
     assert {"report.html", "summary.json"} <= set(published)
 
     nb_dir = tmp_path / "notebooks"
@@ -427,8 +433,8 @@ def test_a_failed_overwrite_leaves_the_published_report_as_it_was(tmp_path):
     nbformat.write(nb, nb_dir / "03_report.ipynb")
     second = run_pipeline(*common, "--overwrite", "--notebooks-dir", str(nb_dir))
     assert second.returncode == 1 and "killed half-way" in second.stderr
-    assert {p.name: p.read_bytes() for p in (reports / "pub").iterdir()} == published
-    assert 'href="pub/report.html"' in (reports / "index.html").read_text()
+    assert {p.name: p.read_bytes() for p in (reports / pub.run_id).iterdir()} == published
+    assert f'href="{pub.run_id}/report.html"' in (reports / "index.html").read_text()
 
 
 def test_a_publish_cut_between_its_two_renames_is_undone_on_the_next_start(tmp_path):
@@ -461,7 +467,7 @@ def test_a_report_another_command_is_building_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
-def test_an_interrupted_overwrite_is_one_line_and_leaves_the_published_report_byte_identical(tmp_path, how):
+def test_an_interrupted_overwrite_is_one_line_and_leaves_the_published_report_byte_identical(pub, tmp_path, how):
     """SIGTERM used to kill the pipeline where it stood, with no message; Ctrl-C (SIGINT to the
     terminal's process group) printed the kernel's traceback of its closed sockets."""
     import signal
@@ -469,16 +475,13 @@ def test_an_interrupted_overwrite_is_one_line_and_leaves_the_published_report_by
     import sys
     import time
 
-    config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG)
-    reports, runs = tmp_path / "reports", tmp_path / "runs"
-    common = ("--config", str(config), "--run-id", "pub", "--runs-dir", str(runs), "--reports-dir", str(reports))
-    assert run_pipeline(*common).returncode == 0
-    published = {p.name: p.read_bytes() for p in (reports / "pub").iterdir()}
+    common = _published_copy(pub, tmp_path)
+    reports = tmp_path / "reports"
+    published = {p.name: p.read_bytes() for p in (reports / pub.run_id).iterdir()}
     proc = subprocess.Popen([sys.executable, "-m", "dynspec", "pipeline", *common, "--overwrite"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     t0 = time.monotonic()
-    while not (reports / ".pub.building" / "03_report.ipynb").exists() and time.monotonic() - t0 < 200:
+    while not (reports / f".{pub.run_id}.building" / "03_report.ipynb").exists() and time.monotonic() - t0 < 200:
         time.sleep(0.05)  # the report notebook's kernel is running a cell
     time.sleep(1.0)
     if how == "SIGTERM":
@@ -489,4 +492,4 @@ def test_an_interrupted_overwrite_is_one_line_and_leaves_the_published_report_by
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert err.startswith("dynspec pipeline: interrupted")
-    assert {p.name: p.read_bytes() for p in (reports / "pub").iterdir()} == published
+    assert {p.name: p.read_bytes() for p in (reports / pub.run_id).iterdir()} == published

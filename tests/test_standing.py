@@ -112,3 +112,16 @@ def test_the_steady_window_judges_the_levels_when_asked(tmp_path, capsys):
     _results(tmp_path)  # a run from before the steady window
     with pytest.raises(SystemExit, match="the run has no steady_output_throughput"):
         main([str(tmp_path), "--metric", "steady_output_throughput"])
+
+
+def test_a_run_of_switching_arms_alone_is_judged_against_them(tmp_path):
+    # One patched process taking policies in turn has no plain or EAGLE-3 server: no envelope,
+    # the ratios to the other switching arms round by round.
+    df = _results()
+    df = df[~df["arm"].isin(["baseline", "eagle3"])]
+    row = standing(df, "dynspec-goodput").iloc[0]
+    assert "of_envelope" not in row.index and row["rounds"] == 2
+    assert row["over_threshold-8"] == pytest.approx((150 / 140 + 0.9) / 2)
+    assert row["best_other"] == "threshold-8"
+    with pytest.raises(SystemExit, match="or another switching arm"):
+        standing(df[df["arm"] == "dynspec-goodput"], "dynspec-goodput")

@@ -4,8 +4,8 @@ A round measures every arm of a level side by side (an interleaved sweep), so a 
 round cancels what moves the whole GPU between rounds (on one H200 a plain server's throughput
 at one level moved by up to 30% from round to round, while the ratios moved far less).  Per level
 this gives, for every switching arm: its share of the envelope (the better static arm of the same
-round), averaged over rounds and its worst round; its ratio to the best other switching arm (a
-static cutoff, say); EAGLE-3 over plain; and, with a simulated twin of the run, sim over live.
+round), averaged over rounds and its worst round (where the run has a plain and an always-speculating
+arm); its ratio to the best other switching arm (a static cutoff, say); EAGLE-3 over plain; and, with a simulated twin of the run, sim over live.
 Where a run has two servers doing the same work (two plain arms, say), `twin_spread` is the
 fastest of them over the slowest, per round: the noise floor of one ratio in that design.
 
@@ -68,26 +68,30 @@ def standing(results: pd.DataFrame, arm: str, sim: pd.DataFrame | None = None,
     plain, spec = static_arms(results)
     if arm not in set(results["arm"]):
         raise SystemExit(f"standing: no arm {arm!r} in the run (arms: {', '.join(sorted(set(results['arm'])))})")
-    if not plain or not spec:
-        raise SystemExit("standing: the run needs a plain arm and an always-speculating arm")
+    has_env = bool(plain and spec)  # without both, the arm is judged against the other switching arms alone
     keys = ["concurrency", "repeat"]
     if metric not in results or not results[metric].notna().any():
         raise SystemExit(f"standing: the run has no {metric} (steady_output_throughput: runs from 2026-12-06 on)")
     wide = results.pivot_table(index=keys, columns="arm", values=metric)
-    env = envelope(results, keys, value=metric).set_index(keys)["envelope"]
-    per_round = pd.DataFrame({"of_envelope": wide[arm] / env,
-                              "spec_over_plain": wide[spec].max(axis=1) / wide[plain].max(axis=1)})
     others = [a for a in wide.columns if a not in plain + spec + [arm]]
+    if not has_env and not others:
+        raise SystemExit("standing: the run needs a plain and an always-speculating arm, or another switching arm")
+    per_round = pd.DataFrame(index=wide.index)
+    if has_env:
+        env = envelope(results, keys, value=metric).set_index(keys)["envelope"]
+        per_round["of_envelope"] = wide[arm] / env
+        per_round["spec_over_plain"] = wide[spec].max(axis=1) / wide[plain].max(axis=1)
     for other in others:
         per_round[f"over_{other}"] = wide[arm] / wide[other]
     twins = [group for group in (plain, spec) if len(group) > 1]
     if twins:  # servers doing the same work: how far apart they measure is what a ratio can resolve
         per_round["twin_spread"] = pd.concat([wide[g].max(axis=1) / wide[g].min(axis=1) for g in twins],
                                              axis=1).max(axis=1)
-    per_round = per_round.dropna(subset=["of_envelope"])
+    per_round = per_round.dropna(subset=["of_envelope"] if has_env else None, how="all")
     g = per_round.groupby(level="concurrency")
     out = g.mean()
-    out.insert(1, "worst_round", g["of_envelope"].min())
+    if has_env:
+        out.insert(1, "worst_round", g["of_envelope"].min())
     out.insert(0, "rounds", g.size())
     if twins:
         out["worst_twin_spread"] = g["twin_spread"].max()
