@@ -53,7 +53,7 @@ class GoodputConstants:
     OV_DECAY = 0.98  # per refill forward: the prefill overhead forgets over ~50 of them
     EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
     STALL_MAX = 2.0  # a steady step counts for at most this many times the estimate it updates
-    # ... and for at most DEV_K typical distances from it (times._clip): the distance an EMA of
+    # ... and for at most DEV_K typical distances over it (policy.observe): the distance an EMA of
     # weight DEV_W over what steps count for, from DEV_INIT of the estimate and at least DEV_MIN
     # of it.  Three mean absolute
     # deviations are 2.4 standard deviations of normal noise: 1.6% of such steps are clipped,

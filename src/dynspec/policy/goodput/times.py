@@ -27,7 +27,7 @@ class StepTimes(PrefillAccount):
                 self.t_est[1][b] = profile.spec_time(bs) + self._t_resume[b] / max(dwell, 1)
         self._seeded = [[False] * n, [False] * n]  # t_est borrowed from neighbours, not measured
         self._w_one = 1.0 - (1.0 - self.alpha) ** 1  # _fold's EMA weight for one step
-        # A steady step's typical distance from the estimate, per mode and bucket (_clip).
+        # A steady step's typical distance over the estimate, per mode and bucket (policy.observe).
         self._t_dev: list[list[float | None]] = [[None] * n for _ in range(2)]
         self._mids = [bucket_mid(b) for b in range(n)]
         self._t_seen = [[1.0 if profile is not None else 0.0] * n for _ in range(2)]  # steady steps folded in
@@ -173,29 +173,6 @@ class StepTimes(PrefillAccount):
         else:
             self._t_sum[kind][b] += self._sw_sum
             self._t_cnt[kind][b] += 1
-
-    def _clip(self, m: int, b: int, t: float, prev: float) -> float:
-        """A steady step of mode m in bucket b, at most DEV_K typical distances over its estimate
-        (where the KV plane puts the estimate at this step's tokens; a step under it is never a
-        stall, and may be the estimate's own error, as after one): a step that stalled (a
-        speculative step at batch 24 on one H100 took 47 ms once a few hundred steps, where
-        they took 14.4) says how often a mode stalls, not what its steps take; through a
-        mean it moved the estimate by 10% and held it there while the mode did not run.  The
-        distance is an EMA of what each step is counted at, so it grows where steps spread
-        (by a tenth a step while they land beyond it: a mode whose steps changed for good is
-        followed within a few dozen steps)."""
-        at = self._kv_shift(m, b, prev)
-        dev, floor = self._t_dev[m][b], self.DEV_MIN * at
-        if dev is None:
-            dev = self.DEV_INIT * at
-        elif dev < floor:  # (steps that never vary would let no change through)
-            dev = floor
-        r, lim = t - at, self.DEV_K * dev
-        if r > lim:
-            r, t = lim, at + lim
-        a = r if r >= 0.0 else -r if -r < lim else lim
-        self._t_dev[m][b] = dev + self.DEV_W * (a - dev)
-        return t
 
     def _fold(self, kind: int, b: int, t: float, count: float, kv: float | None = None) -> None:
         """Fold a mean over `count` into the estimates (times the ranks agreed on): kinds 0 and 1 a
