@@ -408,7 +408,7 @@ def test_the_sweep_notebook_finds_its_default_config_from_any_folder(tmp_path, c
 
 
 def _published_copy(pub, tmp_path: Path) -> tuple[str, ...]:
-    """The session's published run and report copied under tmp_path (an --overwrite test's
+    """The published run and report the test run shares (`pub`), copied under tmp_path (an --overwrite test's
     starting point; a publish of its own costs a pipeline run), and the arguments that name them."""
     runs, reports, config = tmp_path / "runs", tmp_path / "reports", tmp_path / "tiny.yaml"
     shutil.copytree(pub.runs, runs)

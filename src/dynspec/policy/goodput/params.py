@@ -54,10 +54,9 @@ class GoodputConstants:
     EXCESS_MAX = 4.0  # steps a result's interval may hold beyond its own (a switch's, a prefill's)
     STALL_MAX = 2.0  # a steady step counts for at most this many times the estimate it updates
     # ... and for at most DEV_K typical distances over it (policy.observe): the distance an EMA of
-    # weight DEV_W over what steps count for, from DEV_INIT of the estimate and at least DEV_MIN
-    # of it.  Three mean absolute
-    # deviations are 2.4 standard deviations of normal noise: 1.6% of such steps are clipped,
-    # by a fraction of a deviation each.
+    # weight DEV_W over what steps count for, from DEV_INIT of the estimate and at least DEV_MIN of
+    # it.  Three mean absolute deviations are 2.4 standard deviations of normal noise: 1.6% of such
+    # steps are clipped, by a fraction of a deviation each.
     DEV_K = 3.0
     DEV_W = 0.05
     DEV_INIT = 0.05

@@ -146,14 +146,14 @@ class Goodput(Decision):
                     est, ts = self.t_est[m], self.t_est[1][b]
                     prev = est[b]
                     if prev is not None and not self._seeded[m][b]:
-                        # At most DEV_K typical distances over the estimate (where the KV plane puts
-                        # it at this step's tokens, _kv_shift inline, for a step beyond them): a stalled step (47 ms where
-                        # speculative steps at batch 24 took 14.4 on one H100) says how often a mode
-                        # stalls, not what its steps take, and through the mean it held the estimate
-                        # 13% up while the mode did not run.  A step under the estimate counts whole:
-                        # it is no stall, and may be the estimate's own error.  The distance is an EMA
-                        # of what steps count for, so it grows where they spread (a tenth a step while
-                        # they land beyond it: a mode whose steps changed for good is followed).
+                        # At most DEV_K typical distances over the estimate (for a step beyond them,
+                        # where the KV plane puts it at this step's tokens): a stalled step (47 ms
+                        # where speculative steps at batch 24 took 14.4 on one H100) says how often a
+                        # mode stalls, not what its steps take, and through the mean it held the
+                        # estimate 13% up while the mode did not run.  A step under the estimate counts
+                        # whole: it is no stall, and may be the estimate's own error.  The distance is
+                        # an EMA of what steps count for, so it grows where they spread (a tenth a step
+                        # while they land beyond it: a mode whose steps changed for good is followed).
                         devs = self._t_dev[m]
                         dev = devs[b]
                         if dev is None:
@@ -161,17 +161,11 @@ class Goodput(Decision):
                         elif dev < self.DEV_MIN * prev:  # (steps that never vary would let no change through)
                             dev = self.DEV_MIN * prev
                         x, lim = t - prev, self.DEV_K * dev
-                        if x > lim and kv is not None:  # over it: where does the plane put the estimate?
-                            ref = self._kv_ref[m][b]
-                            if ref is not None:
-                                at = self._kv_slope[m][b] * (kv - ref) + self._bs_slope[m][b] * (bs - self._bs_ref[m][b])
-                                cap = self.KV_SHIFT_MAX * prev
-                                at = prev + (cap if at > cap else -cap if at < -cap else at)
-                                x = t - at
-                                if x > lim:
-                                    x, t = lim, at + lim
-                        elif x > lim:
-                            x, t = lim, prev + lim
+                        if x > lim:
+                            at = self._kv_shift(m, b, prev)
+                            x = t - at
+                            if x > lim:
+                                x, t = lim, at + lim
                         devs[b] = dev + self.DEV_W * ((x if x >= 0.0 else -x if -x < lim else lim) - dev)
                     if prev is not None and not self._seeded[m][b] and t <= self.STALL_MAX * prev \
                             and (m or ts is None or prev <= ts):
