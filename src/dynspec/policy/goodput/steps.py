@@ -36,7 +36,9 @@ candidates.
   product), so its K is longer; a new request starts from the population's K.
 - K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
   are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
-  is read into the counts, then every UPDATE_EVERY-th, and K chosen again after each.
+  is read into the counts, then about SAMPLES / UPDATE_EVERY requests a step (every step below
+  batch 8, every UPDATE_EVERY-th from batch 32), each count weighing as the steps it stands for;
+  K is chosen again after each.
 - The on/off decision stays Goodput's (lead, prefills, probes, hysteresis): it is shown the
   chosen K's steps as before, a probe's steps without its time and with accepted drafts cut to
   the chosen K (exact for a probe above it; none for one below), and when K* changes its
@@ -64,12 +66,17 @@ PROBE_FIRST = 4  # spec steps of a bucket before its first probe: a few of the c
 MIN_TRIED = 8.0  # request-samples at position 1 before acceptance by position chooses K
 YOUNG = 64.0  # below this many samples at position 1, every speculative step is counted
 MARGIN = 0.01  # a new K must promise this much more output per second
-MEMORY = 600  # request-steps the position counts remember (decayed by 1 - 1/MEMORY per sample)
 SAMPLES = 32  # requests of a step read into the position counts (a strided sample)
-# Spec steps between updates of the position counts and, with them, of the choice of K: an eighth
-# of steps pays for both, so the common step does neither.
+# Spec steps between updates of the position counts and, with them, of the choice of K, from a
+# batch of SAMPLES on: an eighth of steps pays for both, so the common step does neither.  Below,
+# about SAMPLES / UPDATE_EVERY requests a step are read (every step up to batch 7).
 UPDATE_EVERY = 8
-_DECAY = [(1.0 - 1.0 / MEMORY) ** n for n in range(SAMPLES + 2)]
+# Request-steps the position counts remember.  Every step weighs alike: a count stands for the
+# speculative steps since the one before it (one while young), a probe's for a strided count.
+# (Counted at one weight, a level's first requests, read step by step while young, outweighed
+# eight times as many later steps for the whole level.)
+MEMORY = 600 * UPDATE_EVERY
+_STRIDE = [max(1, min(UPDATE_EVERY, b * UPDATE_EVERY // SAMPLES)) for b in range(SAMPLES + 1)]
 PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
 LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's K accepts
@@ -116,7 +123,7 @@ class GoodputK(Policy):
         self._plain_n = [0] * n  # plain decisions per bucket
         self._next_plain_probe = [PROBE_FIRST] * n
         self._prev_k = -1  # the K of the previous step (steady timing)
-        self._updates = 0
+        self._updates = 0  # speculative steps of the chosen K since the last count
         self._by_k = False  # candidates set and K chosen locally
         self._own_key: tuple | None = None  # _request_cum's last inputs and answer
         self._own_cum: list[float] = []
@@ -387,7 +394,8 @@ class GoodputK(Policy):
             return
         cur = self.k_cur[b]
         if k != cur:  # a probe: every step counted (its positions are why it runs)
-            self._count(accepted, k, b)
+            self._count(accepted, k, b, _STRIDE[bs] if bs < SAMPLES else UPDATE_EVERY)
+            self._read(b)
             # Goodput first, so that a change of K below rescales estimates that include this step;
             # it sees the chosen K's acceptance where that is exact (a probe above), else none.
             self._inner_observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
@@ -397,25 +405,31 @@ class GoodputK(Policy):
             return
         self._inner_observe(rec)
         u = self._updates = self._updates + 1
-        if u % UPDATE_EVERY == 0 or self.tried[0] < YOUNG:
-            self._count(accepted, k, b)
+        young = self.tried[0] < YOUNG
+        if young or u >= (_STRIDE[bs] if bs < SAMPLES else UPDATE_EVERY):
+            self._updates = 0
+            self._count(accepted, k, b, 1 if young else u)
+            self._read(b)
             self._choose(b)
         elif first:
             self._choose(b)
 
-    def _count(self, accepted: Sequence[int], k: int, b: int) -> None:
-        """Fold a step's accept lengths (a strided sample) into the position counts, and the
-        survival and its running sums that the choice reads from them."""
+    def _count(self, accepted: Sequence[int], k: int, b: int, steps: int) -> None:
+        """Fold a step's accept lengths (at most SAMPLES of its requests), standing for `steps`
+        speculative steps, into the position counts (_read makes the survival of them)."""
         n = len(accepted)
         sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
         hist = [sample.count(i) for i in range(k)]  # requests that accepted exactly i drafts
         tried, kept, reach = self.tried, self.kept, len(sample)
-        d = _DECAY[reach]
+        d = (1.0 - 1.0 / MEMORY) ** (steps * reach)
         for i in range(k if k <= len(tried) else len(tried)):
             nxt = reach - hist[i]  # samples that went past position i+1
-            tried[i] = tried[i] * d + reach
-            kept[i] = kept[i] * d + nxt
+            tried[i] = tried[i] * d + steps * reach
+            kept[i] = kept[i] * d + steps * nxt
             reach = nxt
+
+    def _read(self, b: int) -> None:
+        """The survival and its running sums that the choice reads, from the position counts."""
         self._surv = self._survival()
         e, cum = 0.0, [0.0]
         for x in self._surv:
