@@ -433,3 +433,29 @@ def test_own_k_study_runs_both_ways_and_refuses_bad_input(capsys):
         with pytest.raises(SystemExit):
             mod.main(bad)
         assert "error:" in capsys.readouterr().err
+
+
+def test_k_against_sets_a_revision_beside_this_tree_and_refuses_bad_input(capsys):
+    """experiments/generated-machines/k_against.py: against the revision checked out, both sides
+    measure the same share; the temporary worktree is gone after; bad input is one line."""
+    import subprocess
+
+    from benchmark_scripts import load
+
+    mod = load("k_against")
+    assert mod.main(["HEAD", "--family", "7919", "--members", "115-115", "--concurrency", "2",
+                     "--level-scale", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("7919:115@2"))
+    assert 0.5 < float(row[2]) <= 1.2 and "better by > 0.5% at 0, worse at 0" in out
+    if not subprocess.run(["git", "-C", str(mod.ROOT), "status", "--porcelain", "src"],
+                          capture_output=True, text=True).stdout:  # a clean tree: HEAD is this tree
+        assert float(row[2]) == float(row[5])
+    worktrees = subprocess.run(["git", "-C", str(mod.ROOT), "worktree", "list"], capture_output=True, text=True)
+    assert len(worktrees.stdout.splitlines()) == 1
+    assert mod.main(["no-such-revision", "--members", "1-1"]) == 2
+    assert "is not a revision" in capsys.readouterr().err
+    for bad in (["HEAD", "--members", "5-2"], ["HEAD", "--concurrency", "0"]):
+        with pytest.raises(SystemExit):
+            mod.main(bad)
+        assert "error:" in capsys.readouterr().err
