@@ -35,12 +35,10 @@ def child(family: int, lo: int, hi: int, levels: list[int], level_scale: int) ->
         p = m.profile()
         for c in levels:
             work = level_requests(m, c, 0.5, level_scale)
-
-            def steady(arm: str) -> float:
-                return level_throughputs(p, arm, c, 0, candidate_steps=CANDIDATES, **work)[1]
-
-            best = max(steady(static_arm(k)) for k in CANDIDATES)
-            print(json.dumps({"member": f"{family}:{i}", "c": c, "share": steady("policy:goodput-k") / best}),
+            steady = {arm: level_throughputs(p, arm, c, 0, candidate_steps=CANDIDATES, **work)[1]
+                      for arm in [*(static_arm(k) for k in CANDIDATES), "policy:goodput-k"]}
+            best = max(v for arm, v in steady.items() if arm != "policy:goodput-k")
+            print(json.dumps({"member": f"{family}:{i}", "c": c, "share": steady["policy:goodput-k"] / best}),
                   flush=True)
 
 
