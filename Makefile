@@ -49,7 +49,7 @@ browser:
 # once and must not share the cores with other tests): CI stays well under 30 minutes (24 on a fresh clone).
 test: test-venv browser lint
 	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
-	$(PY) -m pytest -m "slow and not tp"
+	$(PY) -m pytest -m "slow and not tp" --durations=12
 
 # The patched server at --tp-size 2 on this CPU (five servers, nine scheduler processes: about
 # 9 minutes on 2 cores), outside `make test` so that CI stays under 30 minutes.
