@@ -46,7 +46,7 @@ browser:
 	  echo "make browser: chromium is missing and cannot be installed here (not root): install Debian's chromium (sudo apt-get install chromium) for tests/test_report_browser.py, which skips until then"
 
 # The fast tests on both cores, then the slow ones serially (real SGLang servers start several at
-# once and must not share the cores with other tests): CI stays well under 30 minutes (24 on a fresh clone).
+# once and must not share the cores with other tests): CI stays under 30 minutes (22-30 on a fresh clone).
 test: test-venv browser lint
 	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
 	$(PY) -m pytest -m "slow and not tp" --durations=12
