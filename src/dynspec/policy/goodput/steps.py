@@ -395,7 +395,6 @@ class GoodputK(Policy):
         cur = self.k_cur[b]
         if k != cur:  # a probe: every step counted (its positions are why it runs)
             self._count(accepted, k, b, _STRIDE[bs] if bs < SAMPLES else UPDATE_EVERY)
-            self._read(b)
             # Goodput first, so that a change of K below rescales estimates that include this step;
             # it sees the chosen K's acceptance where that is exact (a probe above), else none.
             self._inner_observe(rec._replace(accepted=[a if a < cur else cur for a in accepted] if k > cur else (),
@@ -409,14 +408,14 @@ class GoodputK(Policy):
         if young or u >= (_STRIDE[bs] if bs < SAMPLES else UPDATE_EVERY):
             self._updates = 0
             self._count(accepted, k, b, 1 if young else u)
-            self._read(b)
             self._choose(b)
         elif first:
             self._choose(b)
 
     def _count(self, accepted: Sequence[int], k: int, b: int, steps: int) -> None:
         """Fold a step's accept lengths (at most SAMPLES of its requests), standing for `steps`
-        speculative steps, into the position counts (_read makes the survival of them)."""
+        speculative steps, into the position counts, and the survival and its running sums that
+        the choice reads from them."""
         n = len(accepted)
         sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
         hist = [sample.count(i) for i in range(k)]  # requests that accepted exactly i drafts
@@ -427,9 +426,6 @@ class GoodputK(Policy):
             tried[i] = tried[i] * d + steps * reach
             kept[i] = kept[i] * d + steps * nxt
             reach = nxt
-
-    def _read(self, b: int) -> None:
-        """The survival and its running sums that the choice reads, from the position counts."""
         self._surv = self._survival()
         e, cum = 0.0, [0.0]
         for x in self._surv:
