@@ -35,6 +35,22 @@ def test_implied_and_acted_on_ratios(tmp_path, capsys):
     assert "acted_over_implied" in capsys.readouterr().out
 
 
+def test_the_ratio_at_one_point_moves_the_spec_time_along_its_plane():
+    """Speculation off for long leaves its time where it was last measured (4,000 fewer KV tokens
+    here): moved to the plain time's point, 2 us a KV token, the spec step costs 8 ms more.  A scrape
+    without prefill_ms gives the same figure from the share backed out of the ratio."""
+    est = {"plain_ms": 10.0, "spec_ms": 20.0, "accepted": 0.5, "prefill_ms": 1.0, "cost_ratio": 21.5 / 11.0,
+           "kv_tokens": [5000, 1000], "batch": [64.0, 64.0], "us_per_kv_token": [0.5, 2.0], "ms_per_request": [0.0, 0.0]}
+    assert cost_ratio.at_plain_point(est) == pytest.approx((28.0 + 1.5) / 11.0)
+    older = {k: v for k, v in est.items() if k != "prefill_ms"}
+    assert cost_ratio.at_plain_point(older) == pytest.approx((28.0 + 1.5) / 11.0)
+    # the move is bounded as the policy bounds it: half the spec time
+    assert cost_ratio.at_plain_point({**est, "us_per_kv_token": [0.5, 10.0]}) == pytest.approx((30.0 + 1.5) / 11.0)
+    # a bucket with no point (no KV tokens reported) is read as reported
+    assert cost_ratio.at_plain_point({**est, "kv_tokens": [None, None]}) == pytest.approx(21.5 / 11.0)
+    assert cost_ratio.at_plain_point({"cost_ratio": 2.0}) is None
+
+
 def test_a_trace_splits_into_steady_steps_and_the_rest(tmp_path):
     lines = ["t,kind,batch,count"]
     t = 100.0

@@ -852,6 +852,10 @@ def test_goodput_acts_on_what_each_mode_costs_the_servers_throughput():
     est = p.estimates()["8+"]
     assert est["cost_ratio"] == pytest.approx(implied, rel=0.02), (est, implied)
     assert est["spec_ms"] / est["plain_ms"] == pytest.approx(2.2, rel=0.02)  # steady steps alone
+    # the prefill share it reports is the one the ratio carries (dynspec.analysis.cost_ratio reads it)
+    pf, acc = est["prefill_ms"], est["accepted"]
+    assert pf > 0.0
+    assert (est["spec_ms"] + pf * (1 + acc)) / (est["plain_ms"] + pf) == pytest.approx(est["cost_ratio"], rel=1e-3)
 
 
 def test_goodput_measures_what_a_switch_costs_on_a_pipelined_server():

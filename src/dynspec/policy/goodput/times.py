@@ -264,10 +264,10 @@ class StepTimes(PrefillAccount):
             (tp, ts), acc = self._times(b), self._accepted(b)
             if tp is None and ts is None:
                 continue
-            ratio = None
+            ratio = prefill = None
             if tp is not None and ts is not None and acc is not None:
                 cp, cs = self._costs(b, acc, tp, ts)
-                ratio = round(cs / cp, 4)
+                ratio, prefill = round(cs / cp, 4), round(1000 * (cp - tp), 4)
             kv = [self._kv_ref[m][b] for m in (0, 1)]
             out[f"{edge}+"] = {"plain_ms": None if tp is None else round(1000 * tp, 3),
                                "spec_ms": None if ts is None else round(1000 * ts, 3),
@@ -275,6 +275,8 @@ class StepTimes(PrefillAccount):
                                "resume_ms": round(1000 * self._t_resume[b], 3),
                                "pause_ms": round(1000 * self._t_pause[b], 3),
                                "cost_ratio": ratio, "speculate": self._choice[b],
+                               # a plain step's share of the prefills' overhead (a spec step's: x (1 + accepted))
+                               "prefill_ms": prefill,
                                # [plain, spec]: the point each time stands at, and its plane there
                                "kv_tokens": [None if x is None else round(x) for x in kv],
                                "batch": [None if x is None else round(self._bs_ref[m][b], 1)
