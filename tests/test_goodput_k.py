@@ -236,6 +236,37 @@ def test_goodputs_own_probe_from_plain_runs_the_chosen_k_and_a_k_is_probed_from_
     assert {p.decide_steps(16) for _ in range(200)} == {0}
 
 
+def test_with_one_k_run_in_a_plain_bucket_the_best_other_k_is_probed_from_plain():
+    # Only K = 5 run in a bucket where plain wins: the line from the plain step through it prices
+    # K = 1 at 17 ms, (1 + 0.6) / 17 ms = 94 a second under plain's 100, so no K "beats plain" and the
+    # choice cannot move off 5 on one K measured; Goodput's probes of speculation keep running it.
+    p = policy()
+    b = 7  # batch 16
+    for k in (1, 3, 5, 7):
+        p.t_k[b][k] = None
+    p.t_k[b][0], p.t_k[b][5] = 0.010, 0.045
+    p.k_cur[b] = 5
+    p.tried, p.kept = [100.0] * 7, [60.0] * 7
+    p._surv = p._survival()
+    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    assert max(r for r in p.rates(b).values() if r is not None) < 100.0
+    g = p.inner
+    g.decide = lambda bs: False  # type: ignore[method-assign]
+    p._inner_decide = g.decide
+    p._next_plain_probe[b] = 0
+    assert [p.decide_steps(16) for _ in range(3)] == [1, 1, 1]  # the best estimate, once
+    p.t_k[b][1] = 0.017  # measured: two K now, and no K left that beats plain
+    assert {p.decide_steps(16) for _ in range(200)} == {0}
+
+
+def test_goodputs_probes_from_plain_at_a_large_batch_run_a_short_chain():
+    """Member 4099:99 at C=128 (TTFT-heavy: 7,350-token prompts, 95-token outputs; K = 0 the best
+    static K, K = 1 0.994 of it, K = 5 0.938): only K = 5 had run at batch 96+, so Goodput's
+    probes of speculation ran five drafts every 16 steps or so (0.984 of the best static K,
+    twenty waves).  With a short chain measured there, its probes cost little more than a plain step."""
+    assert _share_of_best_static_k(4099, 99, 128, 4) >= 0.99
+
+
 def test_ablation_switches_each_mechanism_off_for_its_own_runs_only(tmp_path, capsys):
     """experiments/generated-machines/ablation.py: a mechanism is off in its own runs and on in
     the whole policy's, the classes are whole again afterwards, the journal resumes without

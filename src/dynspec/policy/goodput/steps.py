@@ -194,13 +194,18 @@ class GoodputK(Policy):
     def _plain_probe_target(self, b: int) -> int | None:
         """While Goodput decodes plainly in bucket b (its speculation, at the chosen K, loses): a
         K not yet run there whose estimate beats the plain step's output per second, the best
-        such, so that a K that would pay is measured (each at most once per bucket)."""
+        such, so that a K that would pay is measured (each at most once per bucket).  With one
+        K run there, the best K not yet run whatever its estimate: a K's estimate moves the
+        choice only once two K are measured (_rates), and Goodput's own probes of speculation
+        run the chosen K, which at a large batch may cost several plain steps where a short
+        chain costs little more than one."""
         tk = self.t_k[b]
         t0 = tk[0] if tk[0] is not None else self.inner.t_est[0][b]
         if t0 is None or self.tried[0] < MIN_TRIED:
             return None
-        best, rp = None, 1.0 / t0
-        for k, r in self.rates(b).items():
+        rates, two = self._rates(b)
+        best, rp = None, 1.0 / t0 if two else 0.0
+        for k, r in rates.items():
             if tk[k] is None and r is not None and r > rp:
                 best, rp = k, r
         return best
