@@ -44,6 +44,9 @@ def test_the_ratio_at_one_point_moves_the_spec_time_along_its_plane():
     assert cost_ratio.at_plain_point(est) == pytest.approx((28.0 + 1.5) / 11.0)
     older = {k: v for k, v in est.items() if k != "prefill_ms"}
     assert cost_ratio.at_plain_point(older) == pytest.approx((28.0 + 1.5) / 11.0)
+    # where the ratio cannot tell the share (r = 1 + accepted), the move is read at its largest
+    blind = {**older, "accepted": 21.5 / 11.0 - 1.0}
+    assert cost_ratio.at_plain_point(blind) == pytest.approx(21.5 / 11.0 + 8.0 / 10.0)
     # the move is bounded as the policy bounds it: half the spec time
     assert cost_ratio.at_plain_point({**est, "us_per_kv_token": [0.5, 10.0]}) == pytest.approx((30.0 + 1.5) / 11.0)
     # a bucket with no point (no KV tokens reported) is read as reported

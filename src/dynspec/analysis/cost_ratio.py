@@ -48,14 +48,15 @@ def _estimates(scrape: Path) -> dict | None:
     return None
 
 
-def at_plain_point(est: dict, shift_max: float = 0.5) -> float | None:
+def at_plain_point(est: dict, shift_max: float = KV_SHIFT_MAX) -> float | None:
     """A bucket's cost ratio with the spec time moved along its plane to the KV tokens and batch
     the plain time stands at (as the policy moves both to a step's own, by at most shift_max of
-    it: KV_SHIFT_MAX): the two modes compared at one point.  Where goodput leaves a mode
-    for long, that mode's point stays where it was last timed (speculation off at C = 128: its
-    time at the level's first, short requests), and the ratio at the two points is not what any
-    step faced.  Scrapes from before `prefill_ms` existed give the prefill share backed out of
-    the reported ratio."""
+    it): the two modes compared at one point.  Where goodput leaves a mode for long, that mode's
+    point stays where it was last timed (speculation off at C = 128: its time at the level's
+    first, short requests), and the ratio at the two points is not what any step faced.  The move
+    d adds d / (plain step + its prefill share) to the ratio; scrapes from before `prefill_ms`
+    existed give the share backed out of the ratio, or none where the ratio cannot tell it (then
+    the move is read at its largest)."""
     try:
         tp, ts, acc, r = est["plain_ms"], est["spec_ms"], est["accepted"], est["cost_ratio"]
         (kp, ks), (bp, bs) = est["kv_tokens"], est["batch"]
@@ -64,14 +65,15 @@ def at_plain_point(est: dict, shift_max: float = 0.5) -> float | None:
         return None
     if None in (tp, ts, acc, r):
         return None
+    if None in (kp, ks, bp, bs):
+        return r
+    d = per_kv * (kp - ks) + per_req * (bp - bs)
+    d = max(-shift_max * ts, min(shift_max * ts, d))
     pf = est.get("prefill_ms")
     if pf is None:  # r = (ts + pf (1 + acc)) / (tp + pf)
         den = r - 1.0 - acc
-        pf = (ts - r * tp) / den if abs(den) > 0.05 else 0.0
-    if None not in (kp, ks, bp, bs):
-        d = per_kv * (kp - ks) + per_req * (bp - bs)
-        ts += max(-shift_max * ts, min(shift_max * ts, d))
-    return (ts + pf * (1.0 + acc)) / (tp + pf)
+        pf = max((ts - r * tp) / den, 0.0) if abs(den) > 0.05 else 0.0
+    return r + d / (tp + pf)
 
 
 def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: str = "dynspec-goodput",
@@ -93,7 +95,7 @@ def ratios(run: Path, plain: str = "baseline", eagle: str = "eagle3", policy: st
         for name in (f"{policy}_c{c}_r{rep}.json", f"{policy}_c{c}_r{rep}.json.gz"):
             if (run / "scrapes" / name).exists():
                 est = (_estimates(run / "scrapes" / name) or {}).get(f"{BUCKET_EDGES[bucket_of(c)]}+") or {}
-                acted, level = est.get("cost_ratio"), at_plain_point(est, KV_SHIFT_MAX)
+                acted, level = est.get("cost_ratio"), at_plain_point(est)
         out.append({"concurrency": c, "repeat": rep, "accept_length": a, "implied": implied, "acted_on": acted,
                     "acted_over_implied": None if acted is None else acted / implied,
                     "one_point_over_implied": None if level is None else level / implied})

@@ -204,7 +204,7 @@ class GoodputK(Policy):
         if t0 is None or self.tried[0] < MIN_TRIED:
             return None
         rates, two = self._rates(b)
-        best, rp = None, 1.0 / t0 if two else 0.0
+        best, rp = None, (1.0 / t0) if two else 0.0
         for k, r in rates.items():
             if tk[k] is None and r is not None and r > rp:
                 best, rp = k, r
