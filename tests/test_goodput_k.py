@@ -3,6 +3,7 @@ acceptance read off accept lengths and per-K step costs."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -490,3 +491,33 @@ def test_k_against_sets_a_revision_beside_this_tree_and_refuses_bad_input(capsys
         with pytest.raises(SystemExit):
             mod.main(bad)
         assert "error:" in capsys.readouterr().err
+
+
+def test_until_measured_a_requests_spread_is_the_chains_at_the_buckets_k():
+    """Goodput times its probes by the gain's uncertainty, one request's accepted drafts varying by
+    a fixed 1 until it measures them (batches of 8 or fewer).  At K = 1 they are 0 or 1 (sd
+    sqrt(q (1 - q)), 0.49 at q = 0.6); at K = 5 the chain's spread is larger.  Once measured, the
+    measurement stands."""
+    p = policy()
+    b = 7  # batch 16: above what Goodput measures request by request
+    p.tried, p.kept = [100.0] * 7, [60.0] * 7
+    p._surv = p._survival()
+    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    p.inner.t_est[0][b], p.inner.t_est[1][b] = 0.010, 0.020
+    s = p._surv
+    for k in (1, 5):
+        p._switch(b, p.k_cur[b], k)
+        e, e2 = sum(s[:k]), sum((2 * i + 1) * s[i] for i in range(k))
+        assert p.inner._sd_within == pytest.approx(math.sqrt(e2 - e * e))
+    assert 0.45 < math.sqrt(s[0] * (1 - s[0])) < 0.5
+    p.inner._var_within = 0.3 ** 2  # measured: kept whatever K runs
+    p.inner._sd_within = 0.3
+    p._switch(b, 5, 1)
+    assert p.inner._sd_within == 0.3
+
+
+def test_a_plain_bucket_at_k_one_probes_as_a_draw_of_zero_or_one_allows():
+    """Member 4099:24 at C=16 (TTFT-heavy; K = 0 best, K = 1 0.935 of it): with K = 1 chosen where
+    plain decodes, Goodput's probes came every 16-22 steps, its gain's uncertainty priced with a
+    request's spread of 1 accepted draft (0.987 of the best static K, twenty waves)."""
+    assert _share_of_best_static_k(4099, 24, 16, 4) >= 0.99

@@ -45,7 +45,9 @@ candidates.
   estimates for the bucket are rescaled to the new K (where the server runs now, with them
   how the requests differ: Goodput.rescale_requests).  A Goodput bucket with few samples of
   its own leans on E[accepted | its K] from the position counts (Goodput.acc_prior), which
-  every K's steps feed, not on its global mean of the chosen K's few samples.
+  every K's steps feed, not on its global mean of the chosen K's few samples.  Until Goodput
+  has measured how one request's accepted drafts vary, the spread its probe timing assumes is the
+  chain's at the bucket's K (_sd_at).
 
 Step times are local, not agreed across tensor-parallel ranks: with a sync hook (TP) the K
 choice is off and every speculative step runs the server's own count (on_steps).
@@ -53,6 +55,7 @@ choice is off and every speculative step runs the server's own count (on_steps).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from dynspec.policy.base import Policy, StepRecord
@@ -358,6 +361,7 @@ class GoodputK(Policy):
             g.t_est[1][b] = t
         if LEAD_BY_K:
             self._lead_at(b)
+        self._sd_at(b)
         g._refresh(b)
 
     def _lead_at(self, b: int) -> None:
@@ -370,6 +374,23 @@ class GoodputK(Policy):
         f = cum[self.k_cur[b]] / e_on if e_on > 0.0 else 1.0
         share = g._lead_share[b] = self._share0[b] * f
         g._discount[b] = 1.0 / (1.0 + g.lead * share)
+
+    def _sd_at(self, b: int) -> None:
+        """Until Goodput has measured how one request's accepted drafts vary from step to step
+        (it does so only for small batches), the spread its probe timing assumes is the chain's at
+        bucket b's K: accepted A has E[A] = sum S_i and E[A^2] = sum (2i - 1) S_i over positions
+        i = 1..K.  Goodput's fixed 1 suits a chain of several drafts; at K = 1, where A is 0 or 1,
+        it doubles the uncertainty and with it how often plain decoding probes a step that loses."""
+        g = self.inner
+        if g._var_within is not None:
+            return
+        k, surv = self.k_cur[b], self._surv
+        e = e2 = 0.0
+        for i in range(min(k, len(surv))):
+            e += surv[i]
+            e2 += (2 * i + 1) * surv[i]
+        v = e2 - e * e
+        g._sd_within = math.sqrt(v) if v > 0.0 else 1.0
 
     # Observing ------------------------------------------------------------------------------
     def observe(self, rec: StepRecord) -> None:
@@ -444,6 +465,7 @@ class GoodputK(Policy):
             self.inner.acc_prior = [cum[k] for k in self.k_cur]
             if LEAD_BY_K:  # the bucket stepping now; another follows its K when it steps again
                 self._lead_at(b)
+            self._sd_at(b)
 
     # Delegated (set_batch, wants_requests, note_prefill and note_budgets: bound to Goodput's in __init__)
     @property
