@@ -521,3 +521,11 @@ def test_a_plain_bucket_at_k_one_probes_as_a_draw_of_zero_or_one_allows():
     plain decodes, Goodput's probes came every 16-22 steps, its gain's uncertainty priced with a
     request's spread of 1 accepted draft (0.987 of the best static K, twenty waves)."""
     assert _share_of_best_static_k(4099, 24, 16, 4) >= 0.99
+
+
+def test_between_short_and_long_chains_each_k_is_priced_at_the_batch_it_settles_into():
+    """Member 4099:69 at C=8 (requests' acceptance a Beta of concentration 7; K = 3 best, K = 5 2%
+    behind): the position counts, read from a batch settled at K = 5, which holds more slow
+    requests than one at K = 3 would, priced the two 0.2% apart, and goodput-k kept K = 5
+    (0.976 of the best static K, twenty waves)."""
+    assert _share_of_best_static_k(4099, 69, 8, 4) >= 0.99

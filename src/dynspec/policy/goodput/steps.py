@@ -11,6 +11,10 @@ candidates.
   beyond K are not seen (censored).  Decayed counts per position, so a shift in the prompts'
   acceptance is followed; a position never reached repeats the last one seen (the chain
   model's geometric decay).
+- The batch each K settles into (above batch OWN_K_UP_TO): requests that accept much leave sooner
+  under a long chain, so the counts, read from the batch settled at the running K, say too little
+  of a shorter K and too much of a longer one where requests differ; each K's expected tokens are
+  scaled to its own settled batch (settle.py).
 - Cost by K: steady steps of each K timed as Goodput times its modes (the step before ran the
   same K), per bucket; a K not yet measured is linear in K through the measured speculative
   steps (a draft forward per step, a verify of K + 1 tokens), between the nearest two or
@@ -61,6 +65,7 @@ from typing import Any, Sequence
 from dynspec.policy.base import Policy, StepRecord
 from dynspec.policy.buckets import _BUCKETS, _LAST_BUCKET, _N_BUCKETS, BUCKET_EDGES
 from dynspec.policy.goodput.policy import Goodput
+from dynspec.policy.goodput.settle import factors
 from dynspec.policy.sync import SyncSchedule
 
 PROBE_STEPS = 3  # a probe's steps: the first after a change of K is not a steady one
@@ -86,6 +91,10 @@ LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's 
 # Batch sizes up to this choose K for their own requests' acceptance (_request_cum), not the
 # population's: at batch 1 the one request decides what a deeper chain earns.
 OWN_K_UP_TO = 1
+# Above that, each K's estimate is for the batch it would settle into, where requests that accept
+# much leave sooner under a long chain (settle.py), not for the batch as it is at the running K.
+SETTLE = True
+SETTLE_MOVE = 0.002  # survival at positions 1 and 2 moved this much: the factors again
 _OWN_K_BUCKETS = _BUCKETS[OWN_K_UP_TO] + 1
 
 
@@ -131,6 +140,7 @@ class GoodputK(Policy):
         self._own_key: tuple | None = None  # _request_cum's last inputs and answer
         self._own_cum: list[float] = []
         self._own_batch: object = None  # the requests K was last chosen for (Goodput._batch)
+        self._settle: dict[int, tuple] = {}  # _settled's inputs and answer, by the K settled at
         # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
         self.set_batch = inner.set_batch  # type: ignore[method-assign]
         self.wants_requests = inner.wants_requests  # type: ignore[method-assign]
@@ -277,14 +287,29 @@ class GoodputK(Policy):
         estimate may send a probe, not the choice."""
         cum, tk, out = self._cum, self.t_k[b], {}
         if b < _OWN_K_BUCKETS and self.inner._batch_bucket == b:
-            cum = self._request_cum(b)
+            cum, f = self._request_cum(b), None
+        else:  # a batch of many: what each K would settle into (settle.py)
+            f = self._settled(self.k_cur[b])
         pts, t0 = self._points(b)
         for k in self._pos:
             t = tk[k]
             if t is None:
                 t = _line(pts, t0, k)
-            out[k] = None if t is None else (1.0 + cum[k]) / t
+            out[k] = None if t is None else (1.0 + cum[k]) * (1.0 if f is None else f[k]) / t
         return out, len(pts) >= 2
+
+    def _settled(self, c: int) -> dict[int, float] | None:
+        """Per K, the tokens per request-step a batch settled at K gives over what the position
+        counts, read from a batch settled at c, say of K (settle.factors); None while requests
+        look alike or SETTLE is off."""
+        if not SETTLE or len(self._surv) < 2:
+            return None
+        s1, s2 = self._surv[0], self._surv[1]
+        hit = self._settle.get(c)
+        # (again once the counts moved by SETTLE_MOVE: at small batches they move a little every step)
+        if hit is None or abs(hit[0] - s1) > SETTLE_MOVE or abs(hit[1] - s2) > SETTLE_MOVE:
+            hit = self._settle[c] = (s1, s2, factors(s1, s2, c, self._pos))
+        return hit[2]
 
     def _request_cum(self, b: int) -> list[float]:
         """E[accepted | K] for the requests running now in bucket b (ids told, up to OWN_K_UP_TO):
