@@ -96,6 +96,10 @@ MECHANISMS: dict[str, tuple[str, str, Callable[[], contextlib.ExitStack] | None,
                   "the lead follows the drafts the chosen K accepts"),
     "own-k": ("goodput-k", "", _patches((steps, "_OWN_K_BUCKETS", 0)),
               "at batch 1, K follows the request's own acceptance"),
+    "settle": ("goodput-k", "", _patches((steps, "SETTLE", False)),
+               "each K is priced at the batch it settles into (requests differ)"),
+    "chain-spread": ("goodput-k", "", _patches((GK, "_sd_at", lambda self, b: None)),
+                     "until measured, a request's spread is the chain's at the bucket's K"),
 }
 
 METRICS = (("output_throughput", 1), ("mean_tpot_ms", -1), ("mean_e2e_ms", -1))  # 1: higher is better
