@@ -1062,3 +1062,35 @@ def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
     # Unflagged, the idle forward is no refill either: its prompt grew the batch (the next
     # decode step ran 63 requests where the ones since the last burst ran 1).
     assert warmed(idle_flag=False) < 3.0
+
+
+def test_goodput_counts_a_large_batchs_step_as_many_draws_once_requests_are_measured_alike():
+    """Live at C=48 (one H100, crafted 8B weights, crossover-final round 1) goodput probed
+    speculation every 85 steps where its own estimates allowed one every ~220: the gain's
+    uncertainty read each sampled step as one request's draw, so a few probes at batch 48 left
+    it as unsure as a few at batch 1.  Once pairs of steps show requests alike, a step of B
+    requests counts as min(B, draws) draws (8; `goodput:draws=1` as before); at batch 1, and
+    while requests are not measured, as one."""
+    from dynspec.policy import bucket_of
+
+    losing = _flat_profile(7.7, 19.0, 2.27)  # 2.27 tokens per 19 ms against 1 per 7.7: 8% behind
+
+    def interval(batch, between, steps=8.0, **kw):
+        p = Goodput(losing, lead=0, **kw)
+        b = bucket_of(batch)
+        p._var_between, p._acc_steps[b] = between, steps
+        p._refresh(b)
+        return p._interval[0][b], p._step_sd(b)
+
+    unmeasured, sd_unmeasured = interval(48, None)
+    alike, sd_alike = interval(48, 0.0)
+    assert sd_unmeasured == 1.0 and sd_alike == pytest.approx((1 / 8) ** 0.5)
+    assert alike >= 2 * unmeasured, (alike, unmeasured)
+    assert interval(48, 0.0, draws=1) == (unmeasured, 1.0)
+    # requests that differ keep their spread whole: a step is never surer than they are alike
+    assert interval(48, 0.25)[1] == pytest.approx((1 / 8 + 0.25) ** 0.5)
+    assert unmeasured < interval(48, 0.25)[0] < alike
+    # at batch 1 a step is one request's draw whatever is measured
+    assert interval(1, 0.0) == interval(1, None)
+    # and never more uncertain than one draw: requests far apart do not widen it
+    assert interval(48, 4.0)[1] == 1.0

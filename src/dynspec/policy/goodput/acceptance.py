@@ -219,13 +219,25 @@ class AcceptanceEstimates(GoodputBase):
 
     def _gain_sd(self, b: int, acc: float, g: float) -> float:
         """The gain's standard error from the acceptance it rests on: speculative steps sampled
-        in the bucket (a profile's prior counts as SHRINK of them), each as one request's draw
-        (the within-request variance of accepted drafts, 1 until measured): a batch's requests
-        are not independent draws (a wave of hard prompts accepts little together)."""
+        in the bucket (a profile's prior counts as SHRINK of them), each with _step_sd's spread."""
         n = self._acc_steps[b]
         if n <= 0.0:
             return 0.0
-        return g * self._sd_within / (math.sqrt(n) * (1.0 + acc))
+        return g * self._step_sd(b) / (math.sqrt(n) * (1.0 + acc))
+
+    def _step_sd(self, b: int) -> float:
+        """The spread of one sampled step's mean accepted drafts in bucket b.  Its B requests
+        draw apart (the within-request variance over B, B at most `draws`) but keep
+        what they are (the between-request variance, whole: a batch's requests persist from
+        step to step).  Never more than one request's draw, which is what a step counts as
+        until requests are measured to differ little: at batch 48, read as one draw, a step
+        left the estimate unsure after dozens of probes and the probes kept coming."""
+        wi, bt = self._sd_within, self._var_between
+        if bt is None:
+            return wi
+        n, most = BUCKET_EDGES[b], self.draws
+        v = wi * wi / (n if n < most else most) + (bt if bt > 0.0 else 0.0)
+        return wi if v >= wi * wi else math.sqrt(v)
 
     def acceptance_estimates(self) -> dict:
         """How requests differ and the regime the batch formed in (_settled): the variance of

@@ -29,6 +29,7 @@ class GoodputBase(GoodputConstants, Policy):
         self.lead, self.acc_alpha = p.lead, p.acc_alpha
         self.lead_batch, self.lead_apart = p.lead_batch, min(p.lead_apart, p.lead)
         self.min_samples = p.min_samples
+        self.draws = p.draws
         self.window = self.PROBE_STEPS = p.window
         # Explore only what no prior covers: without a profile, both modes everywhere.
         self._explore = profile is None and p.use_times

@@ -158,7 +158,7 @@ class Decision(StepTimes):
         # samples let a clear loser rest.
         n = self._acc_steps[b]
         if n > 0.0 and not lock:  # (in a lockstep a probe's damage lasts: _lock's rationing above)
-            sd, d = g * self._sd_within / (_sqrt(n) * (1.0 + acc)), g - 1.0 if g > 1.0 else 1.0 - g  # _gain_sd
+            sd, d = g * self._step_sd(b) / (_sqrt(n) * (1.0 + acc)), g - 1.0 if g > 1.0 else 1.0 - g  # _gain_sd
             if d < self.REGRET_Z * sd:
                 z = d / sd
                 regret = sd * math.exp(-0.5 * z * z) * _INV_SQRT_2PI - d * 0.5 * math.erfc(z * _INV_SQRT_2)

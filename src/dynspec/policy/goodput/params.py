@@ -108,6 +108,10 @@ class GoodputParams:
     merge: bool = knob(True, "count the prefills a spec step merges where finishes come apart (1/0)")
     window: int = knob(2, "decisions a result's interval can hold (2; a live overlap scheduler: 3)")
     by_kv: bool = knob(True, "step times follow the tokens in the batch's KV cache where steps report them (1/0)", option="kv")
+    # At most: what a batch's requests share beyond their own means (prompts of one kind arriving
+    # together) the pairs of steps do not measure.
+    draws: int = knob(8, "independent draws a speculative step's requests count as at most in the gain's "
+                         "uncertainty, once they are measured alike (1: one request's draw)")
 
     def __post_init__(self) -> None:
         probe, budget, dwell, margin, lead, lead_apart = (self.probe, self.budget, self.dwell, self.margin,
@@ -115,12 +119,12 @@ class GoodputParams:
         lead_batch, alpha, acc_alpha, sync_every, min_samples, window = (self.lead_batch, self.alpha, self.acc_alpha,
                                                                          self.sync_every, self.min_samples, self.window)
         probe_min = GoodputConstants.PROBE_MIN
-        if (probe < probe_min or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1
+        if (probe < probe_min or not 0 < budget < 1 or dwell < 0 or not 0 <= margin < 1 or self.draws < 1
                 or not 0 <= lead < 1 or not 0 <= lead_apart < 1 or lead_batch < 1 or not 0 < alpha <= 1 or not 0 < acc_alpha <= 1 or sync_every < 1
                 or min_samples < 1 or not 2 <= window <= 8):
             raise PolicySpecError(
-                f"goodput: need probe>={probe_min}, 0<budget<1, dwell>=0, 0<=margin<1, 0<=lead<1, 0<=lead_apart<1, lead_batch>=1, "
-                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1, 2<=window<=8 (got window={window}, probe={probe}, budget={budget}, dwell={dwell}, "
+                f"goodput: need probe>={probe_min}, 0<budget<1, dwell>=0, 0<=margin<1, draws>=1, 0<=lead<1, 0<=lead_apart<1, lead_batch>=1, "
+                f"0<alpha<=1, 0<acc_alpha<=1, sync_every>=1, 2<=window<=8 (got window={window}, draws={self.draws}, probe={probe}, budget={budget}, dwell={dwell}, "
                 f"margin={margin}, lead={lead}, lead_apart={lead_apart}, lead_batch={lead_batch}, alpha={alpha}, acc_alpha={acc_alpha}, sync_every={sync_every})"
             )
 
