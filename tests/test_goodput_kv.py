@@ -259,3 +259,30 @@ def test_a_stalled_step_does_not_hold_the_speculative_time_up(monkeypatch):
     assert spec_time() == pytest.approx(median, rel=0.03)
     monkeypatch.setattr(Goodput, "DEV_K", 1e9)  # every step in the mean, as it ran
     assert spec_time() > 1.1 * median
+
+
+def test_a_bucket_timed_once_moves_its_time_by_the_pooled_slope():
+    # C=128 on one H100 (crafted 8B weights, 2026-12-07): the 128+ bucket's speculative time
+    # rested on a few steps at the level's start, at a third of the KV tokens plain decoded at
+    # later, and a bucket's own plane began at its second steady step, so the time moved nowhere
+    # (its cost ratio read 0.81 of the arms' implied).  From its first steady step a bucket
+    # takes the plane pooled over buckets (shrunk as its own has no steps yet).
+    p = build_policy("goodput:window=2")
+    assert isinstance(p, Goodput)
+
+    def step(bs: int, kv: int, timed: bool = True) -> None:
+        spec = p.decide(bs)
+        t = (0.012 + 0.25e-6 * kv if spec else 0.0068 + 0.02e-6 * kv) if timed else None
+        p.observe(StepRecord(bs, spec, [2] * bs if spec else (), t, None, True, None, kv))
+
+    ctx = 100
+    for _ in range(1500):  # batch 32 on contexts of 100..300: speculating pays 0.25 us a KV token
+        step(32, 32 * ctx)
+        ctx = ctx + 3 if ctx < 300 else 100
+    b, kv0 = bucket_of(128), 128 * 120
+    while p.t_est[1][b] is None or p._seeded[1][b]:  # to batch 128's first steady speculative step
+        step(128, kv0)
+    t0 = p.t_est[1][b]
+    step(128, 3 * kv0, timed=False)  # the batch's KV tokens now, untimed
+    moved = p._times(b)[1] - t0
+    assert moved == pytest.approx(0.25e-6 * 2 * kv0, rel=0.25), moved

@@ -1065,18 +1065,16 @@ def test_a_prefill_on_an_idle_server_does_not_price_the_mode_it_came_in():
 
 
 def test_goodput_counts_a_large_batchs_step_as_many_draws_once_requests_are_measured_alike():
-    """Live at C=48 (one H100, crafted 8B weights, crossover-final round 1) goodput probed
-    speculation every 85 steps where its own estimates allowed one every ~220: the gain's
-    uncertainty read each sampled step as one request's draw, so a few probes at batch 48 left
-    it as unsure as a few at batch 1.  Once pairs of steps show requests alike, a step of B
-    requests counts as min(B, draws) draws (8; `goodput:draws=1` as before); at batch 1, and
-    while requests are not measured, as one."""
+    """`goodput:draws=N`: once pairs of steps show requests alike, a sampled step of B requests
+    counts as min(B, N) draws of the within-request spread in the gain's uncertainty, so a few
+    probes at batch 48 no longer leave the gain as unsure as a few at batch 1; at batch 1, while
+    requests are not measured, and by default (draws=1), as one draw."""
     from dynspec.policy import bucket_of
 
     losing = _flat_profile(7.7, 19.0, 2.27)  # 2.27 tokens per 19 ms against 1 per 7.7: 8% behind
 
-    def interval(batch, between, steps=8.0, **kw):
-        p = Goodput(losing, lead=0, **kw)
+    def interval(batch, between, steps=8.0, draws=8):
+        p = Goodput(losing, lead=0, draws=draws)
         b = bucket_of(batch)
         p._var_between, p._acc_steps[b] = between, steps
         p._refresh(b)
@@ -1087,6 +1085,7 @@ def test_goodput_counts_a_large_batchs_step_as_many_draws_once_requests_are_meas
     assert sd_unmeasured == 1.0 and sd_alike == pytest.approx((1 / 8) ** 0.5)
     assert alike >= 2 * unmeasured, (alike, unmeasured)
     assert interval(48, 0.0, draws=1) == (unmeasured, 1.0)
+    assert build_policy("goodput").draws == 1
     # requests that differ keep their spread whole: a step is never surer than they are alike
     assert interval(48, 0.25)[1] == pytest.approx((1 / 8 + 0.25) ** 0.5)
     assert unmeasured < interval(48, 0.25)[0] < alike

@@ -100,8 +100,6 @@ MECHANISMS: dict[str, tuple[str, str, Callable[[], contextlib.ExitStack] | None,
                "each K is priced at the batch it settles into (requests differ)"),
     "chain-spread": ("goodput-k", "", _patches((GK, "_sd_at", lambda self, b: None)),
                      "until measured, a request's spread is the chain's at the bucket's K"),
-    "step-spread": ("goodput", "draws=1", None,
-                    "a large batch's step counts as several draws once requests are measured alike"),
 }
 
 METRICS = (("output_throughput", 1), ("mean_tpot_ms", -1), ("mean_e2e_ms", -1))  # 1: higher is better

@@ -108,9 +108,9 @@ class GoodputParams:
     merge: bool = knob(True, "count the prefills a spec step merges where finishes come apart (1/0)")
     window: int = knob(2, "decisions a result's interval can hold (2; a live overlap scheduler: 3)")
     by_kv: bool = knob(True, "step times follow the tokens in the batch's KV cache where steps report them (1/0)", option="kv")
-    # At most: what a batch's requests share beyond their own means (prompts of one kind arriving
-    # together) the pairs of steps do not measure.
-    draws: int = knob(8, "independent draws a speculative step's requests count as at most in the gain's "
+    # Above 1: fewer probes where large batches are measured alike, in the simulator; not on a
+    # live H100 (docs/POLICIES.md, "Uncertainty"), so one draw stays the default.
+    draws: int = knob(1, "independent draws a speculative step's requests count as at most in the gain's "
                          "uncertainty, once they are measured alike (1: one request's draw)")
 
     def __post_init__(self) -> None:

@@ -98,15 +98,16 @@ class StepTimes(PrefillAccount):
         refs = self._kv_ref[m]
         ref = refs[b]
         bs = self._bs_now
-        if ref is None:
+        s, sb = self._kv_sums[m], self._kv_bsums[m][b]
+        if ref is None:  # (as _fold's first step)
             refs[b], self._bs_ref[m][b] = kv, bs
+            self._kv_plane(m, b, s, sb)
             return
         bref = self._bs_ref[m][b]
         dx, dz, dy, span = kv - ref, bs - bref, t - prev, self.KV_SPAN
         refs[b], self._bs_ref[m][b] = ref + w * dx, bref + w * dz
         zz, zx, xx, zy, xy = dz * dz, dz * dx, dx * dx, dz * dy, dx * dy
         # Sums, halved once they hold 2 KV_SPAN steps: a memory of KV_SPAN..2 KV_SPAN of them
-        s, sb = self._kv_sums[m], self._kv_bsums[m][b]
         for v in (s, sb):
             v[0] += zz
             v[1] += zx
@@ -116,8 +117,11 @@ class StepTimes(PrefillAccount):
             v[5] += 1
             if v[5] >= 2 * span:
                 v[:] = [0.5 * x for x in v]
-        n = s[5]
-        if n < self.KV_MIN or s[2] <= 0.0:
+        self._kv_plane(m, b, s, sb)
+
+    def _kv_plane(self, m: int, b: int, s: list[float], sb: list[float]) -> None:
+        """Bucket b's plane for mode m: its own sums sb shrunk to the pooled s (_kv_step)."""
+        if s[5] < self.KV_MIN or s[2] <= 0.0:
             return
         r = self.KV_MIN / s[5]  # the pooled as KV_MIN steps
         ridge = self.KV_MIN * self.KV_RIDGE * self.KV_RIDGE
@@ -197,6 +201,8 @@ class StepTimes(PrefillAccount):
         if prev is None or self._seeded[kind][b] or (kind == 0 and ts is not None and prev > ts):
             self.t_est[kind][b], self._seeded[kind][b], seen[b] = t, False, count
             self._kv_ref[kind][b], self._bs_ref[kind][b] = kv, self._bs_now
+            if kv is not None:  # until the bucket's own steps spread about this point, the pooled plane
+                self._kv_plane(kind, b, self._kv_sums[kind], self._kv_bsums[kind][b])
         else:
             seen[b] += count
             # the first steady steps' plain mean (a profile's prior weighs as one), then an EMA
