@@ -230,8 +230,8 @@ class AcceptanceEstimates(GoodputBase):
         draw apart (the within-request variance over B, B at most `draws`) but keep
         what they are (the between-request variance, whole: a batch's requests persist from
         step to step).  Never more than one request's draw, which is what a step counts as
-        until requests are measured to differ little: at batch 48, read as one draw, a step
-        left the estimate unsure after dozens of probes and the probes kept coming."""
+        until requests are measured, and by default (draws=1: a batch's requests may share
+        more than the pairs of steps measure)."""
         wi, bt = self._sd_within, self._var_between
         if bt is None:
             return wi
