@@ -232,10 +232,10 @@ class AcceptanceEstimates(GoodputBase):
         step to step).  Never more than one request's draw, which is what a step counts as
         until requests are measured, and by default (draws=1: a batch's requests may share
         more than the pairs of steps measure)."""
-        wi, bt = self._sd_within, self._var_between
-        if bt is None:
+        wi, bt, most = self._sd_within, self._var_between, self.draws
+        if bt is None or most == 1:
             return wi
-        n, most = BUCKET_EDGES[b], self.draws
+        n = BUCKET_EDGES[b]
         v = wi * wi / (n if n < most else most) + (bt if bt > 0.0 else 0.0)
         return wi if v >= wi * wi else math.sqrt(v)
 
