@@ -138,3 +138,20 @@ def test_a_first_wave_whose_output_budgets_differ_is_not_presumed_in_lockstep():
     rng = random.Random(0)
     assert first_wave_speculated([(128, rng.randint(256, 512)) for _ in range(64)]) > 0.8
     assert first_wave_speculated([(128, 384)] * 64) < 0.2
+
+
+@pytest.mark.parametrize("batch", [64, 95])
+def test_a_steps_share_of_the_prefills_is_at_the_batch_its_bucket_runs(batch):
+    # A plain step finishes batch / output-per-request requests, each with its prefill overhead:
+    # at the batch the bucket runs, not its middle (78 for 64..95, a fifth too dear for a closed
+    # loop of 64).
+    p = Goodput(window=3)
+    first_wave(p)
+    decode(p, batch, 6, spec=True)  # a speculative time and acceptance for the bucket
+    for _ in range(80):
+        refill(p, 1, 0.029, spec=False, batch=batch)
+        decode(p, batch, 8, spec=False)
+    row, read = p.estimates()["64+"], p.prefill_estimates()
+    # (95 shares its bucket with the 94 of each refill's steps)
+    expected = read["overhead_ms_per_request"] * batch / read["output_per_request"]
+    assert row["prefill_ms"] == pytest.approx(expected, rel=0.02)

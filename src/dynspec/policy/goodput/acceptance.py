@@ -20,6 +20,7 @@ class AcceptanceEstimates(GoodputBase):
         n = len(BUCKET_EDGES)
         self.acc_est: list[float | None] = [None] * n
         self.n_acc = [0] * n  # speculative steps that fed acc_est[b]
+        self._restarts = [0] * n  # estimates started again after a probe showed the requests changed
         self.acc_global: float | None = None
         self._n_acc_global = 0  # speculative steps that fed acc_global (a profile's prior: SHRINK)
         # Per bucket, what a bucket with few samples leans on instead of acc_global, when a
@@ -46,6 +47,11 @@ class AcceptanceEstimates(GoodputBase):
         # from those and from pairs of speculative steps at any batch size (_pair_sample).
         self._var_within: float | None = None
         self._var_between: float | None = None
+        # Bucket b's accepted drafts over the unit _var_between is kept in: 1 where every bucket
+        # runs one draft length; with a K per bucket (GoodputK) its E[accepted | K] over the
+        # server's own, so pairs of steps at any K measure one spread and each bucket reads it at
+        # its own K (to first order accepted drafts scale with K's, and their spread with them).
+        self._acc_scale = [1.0] * n
         self._departed = 0  # requests folded into those (_depart)
         self._departed_mean: float | None = None  # their own means' mean: the arrivals'
         self._sd_within = 1.0  # sqrt of the within-request variance of accepted drafts (_gain_sd)
@@ -73,6 +79,7 @@ class AcceptanceEstimates(GoodputBase):
         wi, bt = self._var_within, self._var_between
         if wi is None or bt is None or bt <= 0.0:
             return pop
+        bt *= self._acc_scale[b] ** 2
         if self._batch_acc is None:
             arrivals = self._population(b, 0.0)
             mean = pop if arrivals is None else arrivals
@@ -89,15 +96,15 @@ class AcceptanceEstimates(GoodputBase):
         while speculating steadily."""
         a, g = self.acc_est[b], self.acc_global if self.acc_prior is None else self.acc_prior[b]
         if a is None or g is None:
-            return g if a is None else self._settled(a, self._f_acc[b], regime)
+            return g if a is None else self._settled(a, self._f_acc[b], regime, self._acc_scale[b])
         k, s = self.n_acc[b], self.SHRINK
         a = (k * a + s * g) / (k + s)
         v = self._var_between
         if v is None or v <= 0.0:  # _settled's first line, inline: this runs every step
             return a
-        return self._settled(a, (k * self._f_acc[b] + s * self._f_global) / (k + s), regime)
+        return self._settled(a, (k * self._f_acc[b] + s * self._f_global) / (k + s), regime, self._acc_scale[b])
 
-    def _settled(self, a: float, f: float, regime: float = 1.0) -> float:
+    def _settled(self, a: float, f: float, regime: float = 1.0, scale: float = 1.0) -> float:
         """Accepted drafts per request per step in a batch formed while a share `regime` of steps
         speculate, from a mean a sampled while a share f did.  Requests differ (variance v of
         their own means m); each stays for its output over the tokens it gains per step, so the
@@ -105,10 +112,11 @@ class AcceptanceEstimates(GoodputBase):
         they arrive, mean mu; steadily speculating (f = 1) the slow ones linger, and the batch's
         mean falls to the harmonic mean; to second order mu - f v / (1 + f (mu - 1)).  A probe
         from plain sees the arrivals' mean: without this, speculation looks better than it will
-        be."""
+        be.  scale: the bucket's _acc_scale."""
         v = self._var_between
         if v is None or v <= 0.0 or f == regime:
             return a
+        v *= scale * scale
         mu = 1.0 + a + f * v / (1.0 + f * a)
         return max(mu - regime * v / (1.0 + regime * (mu - 1.0)) - 1.0, 0.0)
 
@@ -131,14 +139,13 @@ class AcceptanceEstimates(GoodputBase):
 
     def rescale_requests(self, r: float) -> None:
         """The draft length changed: accepted drafts scale by r (to first order), so do what
-        the running requests accepted so far, the departed ones' mean and the spreads."""
+        the running requests accepted so far, the departed ones' mean and the spread within a
+        request (the spread between requests is kept in one unit: _acc_scale)."""
         for s in self._req.values():
             s[0] *= r
             s[1] *= r * r
         if self._departed_mean is not None:
             self._departed_mean *= r
-        if self._var_between is not None:
-            self._var_between *= r * r
         if self._var_within is not None:
             self._var_within *= r * r
             self._sd_within = math.sqrt(self._var_within) if self._var_within > 0.0 else 1.0
@@ -164,13 +171,13 @@ class AcceptanceEstimates(GoodputBase):
         if centre is None:
             return
         # (mean - centre)^2 holds the request's own noise, var_within / n, beside the spread
-        between = (mean - centre) ** 2 - self._var_within / n
+        between = ((mean - centre) ** 2 - self._var_within / n) / self._acc_scale[self._last_b] ** 2
         self._var_between = between if self._var_between is None else self._var_between + w * (between - self._var_between)
 
     def wants_requests(self, batch_size: int) -> bool:
         return batch_size <= self.PER_REQUEST_MAX or self._n_acc_global >= self._pair_at
 
-    def _pair_sample(self, rids: Sequence[Hashable], accepted: Sequence[int]) -> None:
+    def _pair_sample(self, rids: Sequence[Hashable], accepted: Sequence[int], b: int) -> None:
         """How much requests differ, from two speculative steps: across the requests in both,
         the covariance of their accepted drafts is the variance of their own means (a request's
         luck in one step says nothing of the next).  Every PAIR_EVERY speculative steps, at
@@ -195,7 +202,7 @@ class AcceptanceEstimates(GoodputBase):
                     sxy += x * y
         if n < 2:
             return
-        cov = (sxy - sx * sy / n) / (n - 1)
+        cov = (sxy - sx * sy / n) / (n - 1) / self._acc_scale[b] ** 2
         # One step's draws are noisy (a product of two of them per request), so a pair weighs
         # PAIR_WEIGHT per request, and the first ones their mean with PAIR_PRIOR requests'
         # worth of no spread at all: a few small batches must not make up a spread that would
@@ -236,13 +243,13 @@ class AcceptanceEstimates(GoodputBase):
         if bt is None or most == 1:
             return wi
         n = BUCKET_EDGES[b]
-        v = wi * wi / (n if n < most else most) + (bt if bt > 0.0 else 0.0)
+        v = wi * wi / (n if n < most else most) + (bt * self._acc_scale[b] ** 2 if bt > 0.0 else 0.0)
         return wi if v >= wi * wi else math.sqrt(v)
 
     def acceptance_estimates(self) -> dict:
         """How requests differ and the regime the batch formed in (_settled): the variance of
         requests' own mean accepted drafts, the requests compared in pairs of speculative steps
         (_pair_sample), and the share of recent steps that speculated."""
-        v = self._var_between
+        v = self._var_between  # (in the server's own K's accepted drafts: _acc_scale)
         return {"between_requests_variance": None if v is None else round(v, 4),
                 "requests_compared": self._pair_df, "speculating_share": round(self._f, 3)}

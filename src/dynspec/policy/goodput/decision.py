@@ -13,6 +13,11 @@ from dynspec.policy.static import _Dwell
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _sqrt = math.sqrt
+# What sets a probe interval (Decision._why): the budget over one probe's cost, the chance the
+# other mode wins (regret), the arrivals' mix in a batch formed mostly plain, a lockstep whose
+# splitting alone spends the budget, or the interval's cap (`probe`) where none of them binds.
+PROBE_WHY = ("budget", "regret", "mix", "lockstep", "cap")
+_BUDGET, _REGRET, _MIX, _LOCKSTEP, _CAP = range(len(PROBE_WHY))
 
 
 class Decision(StepTimes):
@@ -38,6 +43,10 @@ class Decision(StepTimes):
         # A probe under way: steps left, its bucket and mode; probes taken [from mode][bucket]
         self._probe_left, self._probe_b, self._probe_mode = 0, -1, False
         self._probes = [[0] * n, [0] * n]
+        # What set each probe interval at its last refresh [mode][bucket] (a PROBE_WHY index), and
+        # the probes taken by it [bucket][index]: for reading why probes come as often as they do.
+        self._why = [[0] * n, [0] * n]
+        self._probes_by = [[0] * len(PROBE_WHY) for _ in range(n)]
         # The last `window` decisions as bits (1: speculate), and how many were taken.
         self._window, self._decided = 0, 0
         self._window_all = (1 << self.window) - 1
@@ -51,15 +60,18 @@ class Decision(StepTimes):
         if tp is None or ts is None or acc is None:
             return None
         cp, cs = self._costs(b, acc, tp, ts)
-        return self._valued(b, acc, tp, ts, scatter) * cp / cs
+        return self._valued(b, acc, tp, ts, cs, scatter) * cp / cs
 
-    def _valued(self, b: int, acc: float, tp: float, ts: float, scatter: bool = True) -> float:
+    def _valued(self, b: int, acc: float, tp: float, ts: float, cs: float, scatter: bool = True) -> float:
         """Output per request of a spec step as valued: 1 + acc discounted by the lead as finishes
         come now and by the prefills that scattering them costs or merging them saves (_prefills); with scatter=False,
-        by the full lead alone."""
+        by the full lead alone.  Both are shares of the step's own time ts (what it costs beyond
+        what its time shows, in the decode steps); the output is set against cs, the step with
+        its share of the prefills' overhead (_costs), so they count ts / cs of it: where
+        prefills are most of the work, what the decode steps do is a small part of the cost."""
         if not scatter:
             return (1.0 + acc) * self._discount[b]
-        return (1.0 + acc) / (1.0 + self._lead_now * self._lead_share[b] + self._prefills(b, acc, tp, ts))
+        return (1.0 + acc) / (1.0 + (self._lead_now * self._lead_share[b] + self._prefills(b, acc, tp, ts)) * ts / cs)
 
     def _refresh(self, b: int) -> None:
         # Runs after every step observed: written for speed (dynspec policy bench), builtins
@@ -90,26 +102,32 @@ class Decision(StepTimes):
                 acc = (na * a + sh * acc) / (na + sh)
                 v = self._var_between
                 if v is not None and v > 0.0:
-                    acc = self._settled(acc, (na * self._f_acc[b] + sh * self._f_global) / (na + sh))
+                    acc = self._settled(acc, (na * self._f_acc[b] + sh * self._f_global) / (na + sh), 1.0,
+                                        self._acc_scale[b])
             elif a is not None:
-                acc = self._settled(a, self._f_acc[b])
+                acc = self._settled(a, self._f_acc[b], 1.0, self._acc_scale[b])
         else:
             acc = self._accepted(b)
         if acc is None:
             return
-        # tokens per request as valued (_valued inline)
-        cost = 1.0 + self._lead_now * self._lead_share[b]
-        if self._pf_fixed is not None:
-            cost += self._prefills(b, acc, tp, ts)
-        out = (1.0 + acc) / cost  # output per request of a spec step, as valued
+        rtp, rts = tp, ts  # the steps alone
         if self._refilled and self._emitted > 0.0:  # _costs inline: each with its share of the prefills' overhead
             share = self._mid[b] * self._admitted / self._emitted
             pf = self._c_req * share
             tp, ts = tp + pf, ts + pf * (1.0 + acc)
+        # tokens per request as valued (_valued inline)
+        cost = self._lead_now * self._lead_share[b]
+        if self._pf_fixed is not None:
+            cost += self._prefills(b, acc, rtp, rts)
+        decode = rts / ts  # the step's share of its cost (the rest: its share of the prefills)
+        out = (1.0 + acc) / (1.0 + cost * decode)  # output per request of a spec step, as valued
         g = out * tp / ts
-        # Hysteresis: leave the current choice only for a margin's worth of gain.
-        choice = self._choice[b]
-        choice = self._choice[b] = g > (1.0 - self.margin) if choice else g > (1.0 + self.margin)
+        # Hysteresis: leave the current choice only for a margin's worth of gain.  The margin
+        # guards the decode steps' estimates (their times and acceptance), so it counts their
+        # share of the cost too: where prefills are most of the work, those estimates move g
+        # little and a real gain of 1.6% (member 6151:25 at C=128) stayed within a full margin.
+        choice, m = self._choice[b], self.margin * decode
+        choice = self._choice[b] = g > (1.0 - m) if choice else g > (1.0 + m)
         # Output lost by one probe, in steps of the mode probed from: from plain, a spec
         # step and its resume r cost (ts + r)/tp plain steps and return `out` tokens, and never
         # less than the resume; from spec, a plain step returns 1 token where spec would give g,
@@ -121,6 +139,7 @@ class Decision(StepTimes):
         from_plain = k * (ts / tp - out) + rp
         if from_plain < rp:
             from_plain = rp
+        wx = _BUDGET
         if not choice and self._var_between and self._batch_bucket != b:
             # Between requests that differ, a probe in a batch formed mostly plain sees the
             # arrivals' mix and may gain where steady speculation would lose: then probing as
@@ -128,9 +147,9 @@ class Decision(StepTimes):
             # batch keeps the arrivals' mix, which beats either mode alone.
             now = self._population(b, self._f)
             if now is not None:
-                now = self._valued(b, now, tp, ts)
+                now = self._valued(b, now, rtp, rts, ts)
                 if now * tp > ts + r:
-                    from_plain = 0.0
+                    from_plain, wx = 0.0, _MIX
         from_spec = k * (g - 1.0) / out + r / ts if g > 1.0 else r / ts
         # A probe from plain steps in lockstep (_scatter) splits each group of requests that
         # finish together into as many as its step's outcomes, for good: a forward's fixed cost
@@ -151,7 +170,9 @@ class Decision(StepTimes):
                     life = self._emitted / self._admitted  # > 0: a refill admitted requests
                     spare -= split / life if life > 1.0 else split
         x = from_plain / spare if spare > 0.0 else hi + 1.0
-        y = from_spec / budget
+        y, wy = from_spec / budget, _BUDGET
+        if spare <= 0.0:
+            wx = _LOCKSTEP
         # The estimate is uncertain (acceptance from few request-steps): waiting I steps forgoes
         # I x E[(other mode's gain)+] in expectation; a probe should come before that exceeds
         # what the probe costs, so an unlucky first sample is checked again soon while many
@@ -165,12 +186,14 @@ class Decision(StepTimes):
                 # E[(G - 1)+] plain, E[(1 - G)+] speculating
                 if regret > 0.0:
                     if not choice and x * regret > from_plain:
-                        x = from_plain / regret
+                        x, wx = from_plain / regret, _REGRET
                     if choice and y * regret > from_spec:
-                        y = from_spec / regret
-        iv = self._interval
+                        y, wy = from_spec / regret, _REGRET
+        iv, why = self._interval, self._why
         iv[0][b] = hi if x > hi else int(x) if x >= lo else lo  # (a NaN gives lo)
         iv[1][b] = hi if y > hi else int(y) if y >= lo else lo
+        why[0][b] = _CAP if x > hi else wx  # (below the floor too: the term that brought it there)
+        why[1][b] = _CAP if y > hi else wy
 
     def decide(self, batch_size: int) -> bool:
         b = _BUCKETS[batch_size] if 0 <= batch_size < _N_BUCKETS else _LAST_BUCKET  # bucket_of, inline
@@ -218,6 +241,7 @@ class Decision(StepTimes):
             # mode costs (`window`), and the switch there and back is measured.
             self._probe_left, self._probe_b, self._probe_mode = self.PROBE_STEPS - 1, b, not mode
             self._probes[mode][b] += 1
+            self._probes_by[b][self._why[mode][b]] += 1
             self._refresh(b)  # the interval's cap grows with the probes taken (_refresh)
             return self._take(not mode, b, probe=True)
         self._last_seen[mode][b] = self._in_bucket[b]
@@ -290,6 +314,22 @@ class Decision(StepTimes):
         self._last_seen[mode][b] = self._in_bucket[b]
         self._probing = probe
         return mode
+
+    def estimates(self) -> dict:
+        """StepTimes.estimates, and per bucket why probes come as often as they do: each mode's
+        probe interval (steps, [from plain, from spec]) and the term that set it at its last
+        refresh, the probes taken from each mode, the probes by the term that set their
+        interval, and the acceptance estimate's restarts (a probe showed the requests changed)."""
+        out = super().estimates()
+        for b, edge in enumerate(BUCKET_EDGES):
+            row = out.get(f"{edge}+")
+            if row is not None:
+                row["probe_every"] = [self._interval[0][b], self._interval[1][b]]
+                row["probe_why"] = [PROBE_WHY[self._why[0][b]], PROBE_WHY[self._why[1][b]]]
+                row["probes"] = [self._probes[0][b], self._probes[1][b]]
+                row["probes_by"] = {w: n for w, n in zip(PROBE_WHY, self._probes_by[b]) if n}
+                row["restarts"] = self._restarts[b]
+        return out
 
     def reason(self, batch_size: int) -> str:
         b = bucket_of(batch_size)

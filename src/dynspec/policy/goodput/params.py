@@ -13,6 +13,7 @@ class GoodputConstants:
     """Fixed by design, not by the spec."""
 
     PROBE_MIN = 8  # steps: a probe's own estimate needs a few steps between probes
+    BATCH_W = 1.0 / 32  # EMA weight of one step's batch size in its bucket's (PrefillAccount._mid)
     SHRINK = 4.0  # a bucket's acceptance leans on the global one until it has a few samples
     BORROW = 0.15  # a neighbour decides a new bucket when one mode wins there by this much
     # Batches up to this size are estimated request by request: a speculative step then costs

@@ -63,6 +63,8 @@ class Goodput(Decision):
         changed = False
         self._emitted += bs
         self._last_b = b
+        mid = self._mid
+        mid[b] = bs if self.n_seen[0][b] + self.n_seen[1][b] == 1 else mid[b] + self.BATCH_W * (bs - mid[b])
         if not self.by_kv or self._buffer_times:
             kv = None  # (ranks agreeing on times keep them by batch size: times.py)
         self._kv_now, self._bs_now = kv, bs
@@ -107,12 +109,13 @@ class Goodput(Decision):
             if gap > 1 and w < self.alpha:
                 w = min(self.alpha, 1.0 - (1.0 - w) ** gap)
             prev, g = self.acc_est[b], self.acc_global
-            if gap > 1 and prev is not None and self._shifted(a - prev, k):
+            if gap > 1 and prev is not None and self._shifted(a - prev, k, b):
                 # The requests accept differently now (new prompts): the samples behind the
                 # estimate describe requests that are gone.  Start again from this one, bucket
                 # and global, as uncertain as a first sample, so the next probes come soon.
                 prev = g = None
                 self.n_acc[b], self._acc_steps[b] = 0, 0.0
+                self._restarts[b] += 1
             self.n_acc[b] += 1
             ns = self._acc_steps[b] + 1.0
             self._acc_steps[b] = ns if ns < self._acc_steps_max else self._acc_steps_max
@@ -134,7 +137,7 @@ class Goodput(Decision):
                 if k <= self.PER_REQUEST_MAX:
                     self._track(rids, accepted)
                 if self._n_acc_global > self._pair_at:
-                    self._pair_sample(rids, accepted)
+                    self._pair_sample(rids, accepted, b)
             changed = True
         if t is not None and self.use_times:
             # Steady: the steps around this one took its mode and no prefill came between: the
@@ -229,12 +232,13 @@ class Goodput(Decision):
             assert self.sync is not None  # _self_sync is set only with a hook
             self.sync_apply(self.sync(self.sync_values()))
 
-    def _shifted(self, diff: float, k: int) -> bool:
+    def _shifted(self, diff: float, k: int, b: int) -> bool:
         """A sample of k requests' mean accepted drafts `diff` from the estimate, after steps
         without samples (a probe): beyond SHIFT_Z standard errors of a k-request mean (the
         spread within and between requests), more than the estimate's drift explains."""
         within = self._var_within if self._var_within is not None else self._sd_within ** 2
-        between = self._var_between if self._var_between is not None and self._var_between > 0.0 else 0.0
+        v = self._var_between
+        between = v * self._acc_scale[b] ** 2 if v is not None and v > 0.0 else 0.0
         return diff * diff * k > self.SHIFT_Z * self.SHIFT_Z * (within + between)
 
     def state_key(self) -> tuple:

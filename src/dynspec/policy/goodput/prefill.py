@@ -63,6 +63,9 @@ class PrefillAccount(AcceptanceEstimates):
         self._rec_s, self._rec_n, self._rec_idle = 0.0, 0, False
         self._rec_blind = False  # a decode result beside them had no steady time to compare with
         self._c_req = 0.0  # the prefill overhead per request as used (_overhead)
+        # The batch each bucket runs at, which a step's share of the prefills and the finishes it
+        # scatters or merges scale with: an EMA of its steps' sizes (BATCH_W), its geometric middle
+        # until it steps.  A closed loop of C sits at C, often a bucket's lower edge, a fifth below it.
         self._mid = [bucket_mid(b) for b in range(n)]
 
     def _prefills(self, b: int, acc: float, tp: float, ts: float) -> float:
@@ -95,7 +98,7 @@ class PrefillAccount(AcceptanceEstimates):
         per = self._prompt_tokens / self._admitted if self._admitted > 0.0 else 0.0
         if fixed is None or per <= 0.0 or self._pf_max_tokens <= per:
             return 0.0
-        lam = bucket_mid(b) / max(self._emitted / self._admitted, 1.0)
+        lam = self._mid[b] / max(self._emitted / self._admitted, 1.0)
         bunched = -math.log1p(-min(self._clump_p, 0.999)) / (1.0 + self._f * acc)
         if bunched < lam:
             lam = bunched
@@ -117,7 +120,7 @@ class PrefillAccount(AcceptanceEstimates):
         if fixed is None or g is None or g <= 1.0 or self._admitted <= 0.0:
             return 0.0
         out = max(self._emitted / self._admitted, 1.0)
-        lam = bucket_mid(b) * (1.0 + acc) / out
+        lam = self._mid[b] * (1.0 + acc) / out
         if not self._refilled:
             if self._wave_apart:  # the first wave's budgets part its finishes: nothing to scatter
                 return 0.0

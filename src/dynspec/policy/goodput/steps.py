@@ -381,6 +381,7 @@ class GoodputK(Policy):
         # spread follows its K, as the means do (to first order, in proportion).
         if e_old > 0.0 and b == g._last_b:
             g.rescale_requests(e_new / e_old)
+        self._scales()
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
             g.t_est[1][b] = t
@@ -388,6 +389,13 @@ class GoodputK(Policy):
             self._lead_at(b)
         self._sd_at(b)
         g._refresh(b)
+
+    def _scales(self) -> None:
+        """Goodput's _acc_scale: each bucket reads the spread between requests at its own K."""
+        cum = self._cum
+        on = cum[self.on_steps]
+        if on > 0.0:
+            self.inner._acc_scale = [cum[k] / on for k in self.k_cur]
 
     def _lead_at(self, b: int) -> None:
         """Goodput's lead in bucket b for the K chosen there.  The lead prices what requests finishing
@@ -488,6 +496,7 @@ class GoodputK(Policy):
             # position, rather than on its global mean of the chosen K's few: at batch 1 a probe
             # or two of one request's draws would otherwise hold speculation off for a level.
             self.inner.acc_prior = [cum[k] for k in self.k_cur]
+            self._scales()
             if LEAD_BY_K:  # the bucket stepping now; another follows its K when it steps again
                 self._lead_at(b)
             self._sd_at(b)
