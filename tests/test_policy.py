@@ -958,10 +958,29 @@ def test_goodput_notices_when_acceptance_rises_while_it_decodes_plain():
         easy = Machine(plain=ms(5.0, 0.0), spec=ms(10.0, 0.0), accepted_mean=2.4, seed=8 + seed)
         run(policy, hard, [batch] * 3000)
         assert not policy._choice[bucket_of(batch)]  # spec/plain about 0.6 here
+        restarts = policy.estimates()["16+"]["restarts"]
         after = run(policy, easy, [batch] * 1000)  # about 1.6 now
         first = after.index(True)  # the first probe after the shift
         back = next(i for i in range(len(after)) if sum(after[i:i + 50]) >= 45)
         assert back - first < 20, (seed, first, back)
+        assert policy.estimates()["16+"]["restarts"] == restarts + 1  # the estimates say why
+
+
+def test_goodput_says_what_set_each_probe_interval():
+    # Speculation loses by 40% at batch 16: probes from plain come at the budget's pace once the
+    # gain is sure (at first, while few steps are behind it, at the regret's), and every probe is
+    # counted by what set its interval.
+    policy = Goodput()
+    run(policy, Machine(plain=ms(5.0, 0.0), spec=ms(10.0, 0.0), accepted_mean=0.3, seed=3), [16] * 6000)
+    row = policy.estimates()["16+"]
+    assert not row["speculate"] and row["probes"][0] > 10
+    assert sum(row["probes_by"].values()) == sum(row["probes"])
+    assert row["probe_why"][0] == "budget" and row["probes_by"]["budget"] > row["probes_by"].get("regret", 0) > 0
+    # the budget's interval is a probe's price over the budget: PROBE_STEPS spec steps, each
+    # costing spec / plain steps' time for 1 + accepted tokens (less the lead) where plain gives 1
+    out = (1.0 + row["accepted"]) / (1.0 + policy._lead_now * policy._lead_share[bucket_of(16)])
+    price = Goodput.PROBE_STEPS * (row["spec_ms"] / row["plain_ms"] - out)
+    assert row["probe_every"][0] == pytest.approx(price / policy.budget, rel=0.02)
 
 
 def test_goodput_speculates_in_a_bucket_it_only_visits_beside_prefills():

@@ -47,7 +47,8 @@ candidates.
   chosen K's steps as before, a probe's steps without its time and with accepted drafts cut to
   the chosen K (exact for a probe above it; none for one below), and when K* changes its
   estimates for the bucket are rescaled to the new K (where the server runs now, with them
-  how the requests differ: Goodput.rescale_requests).  A Goodput bucket with few samples of
+  the running requests' draws: Goodput.rescale_requests; how requests differ is read at each
+  bucket's K: Goodput._acc_scale).  A Goodput bucket with few samples of
   its own leans on E[accepted | its K] from the position counts (Goodput.acc_prior), which
   every K's steps feed, not on its global mean of the chosen K's few samples.  Until Goodput
   has measured how one request's accepted drafts vary, the spread its probe timing assumes is the
@@ -377,8 +378,10 @@ class GoodputK(Policy):
             g.acc_prior[b] = e_new
         # How requests differ is measured in accepted drafts at the K that ran: at K = 1 a
         # spread measured at K = 5 would have the slow requests linger far more than they can
-        # (_settled), and speculation there look like a loss.  Where the server runs now, the
-        # spread follows its K, as the means do (to first order, in proportion).
+        # (_settled), and speculation there look like a loss.  The spread between requests is
+        # kept in the server's own K's unit and each bucket reads it at its K (_scales); the
+        # running requests' own draws, and the spread within one, follow the K where the server
+        # runs now, as the means do (to first order, in proportion).
         if e_old > 0.0 and b == g._last_b:
             g.rescale_requests(e_new / e_old)
         self._scales()
