@@ -350,8 +350,8 @@ def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
     scaled by one factor), it beats the best static K (1.051)."""
     share = _share_of_best_static_k(2718, 22, 1, 4)
     assert share >= 1.03
-    # The factor: a request that has accepted more than most runs a deeper chain than the
-    # population's choice, one that accepted less a shallower one; none told: the population's.
+    # A request that has accepted more than most runs a deeper chain than the population's
+    # choice, one that accepted less a shallower one; none told: the population's.
     from dynspec.policy.goodput import steps
 
     g = build_policy("goodput-k")
@@ -359,16 +359,11 @@ def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
     g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.75, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7)]
     g._surv = g._survival()
     g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
-    inner = g.inner
-    inner.set_batch(["a"])
-    monkeypatch.setattr(inner, "_population", lambda b, regime=1.0: 2.0)
-    for own, deeper in ((3.0, True), (1.0, False)):
-        monkeypatch.setattr(inner, "_accepted", lambda b, own=own: own)
+    for own, deeper in ((2.8, True), (0.8, False)):
+        monkeypatch.setattr(g.inner, "_own_draws", lambda b, own=own: (own, 0.5))
         cum = g._request_cum(0)
         assert (cum[7] - cum[3] > g._cum[7] - g._cum[3]) is deeper
-        assert cum[3] == pytest.approx(own / 2.0 * g._cum[3], rel=1e-4)
-    monkeypatch.setattr(inner, "_accepted", lambda b: 2.0)
-    assert g._request_cum(0) is g._cum
+        assert cum[3] == pytest.approx(0.5 * own + 0.5 * g._cum[3], rel=1e-4)  # Goodput's estimate of it
     monkeypatch.setattr(steps, "_OWN_K_BUCKETS", 0)  # the mechanism off: one K for every request
     assert _share_of_best_static_k(2718, 22, 1, 4) < share - 0.03
 
@@ -573,3 +568,27 @@ def test_between_short_and_long_chains_each_k_is_priced_at_the_batch_it_settles_
     every change of K had worn it to 0.01): the level leaves its first choice, K = 5, for K = 3
     about 300 steps later."""
     assert _share_of_best_static_k(4099, 69, 8, 4) >= 0.985
+
+
+def test_at_batch_one_a_request_that_accepts_more_is_a_geometric_chain_not_a_sure_one():
+    """Member 6151:164 at C=1 (N = 2, K = 1 best, plain 0.915 of it; requests' rates a Beta of
+    concentration 7.5): a request that accepted its first drafts read, by the population's
+    position rates scaled by one factor and capped at 1, as sure at every depth; it took K = 7,
+    whose step the on/off decision, its draws rescaled by the population's chain, priced as a
+    loss, and it decoded plainly to its end (the fifth of requests that accept most speculated
+    on 28% of their steps; the level 0.960 of the best static K)."""
+    assert _share_of_best_static_k(6151, 164, 1, 4) >= 0.99
+    g = build_policy("goodput-k")
+    g.set_candidate_steps([0, 1, 3, 5, 7], 2)
+    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.45, 0.6, 0.65, 0.7, 0.7, 0.7, 0.7)]
+    g._surv = g._survival()
+    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    g.k_cur[0] = 1
+    g.inner._own_draws = lambda b: (0.9, 0.75)  # its own mean at K = 1, weighed 3:1 against the arrivals'
+    cum = g._request_cum(0)
+    for k in (1, 3, 7):  # its own part the geometric chain at its rate, the rest the population's
+        own = sum(0.9 ** i for i in range(1, k + 1))
+        assert cum[k] == pytest.approx(0.75 * own + 0.25 * g._cum[k], rel=1e-6)
+    assert cum[7] < 0.8 * 7  # not sure at every depth
+    g.inner._own_draws = lambda b: None  # nothing told yet: the population's
+    assert g._request_cum(0) is g._cum

@@ -126,15 +126,17 @@ def test_a_first_wave_is_not_taken_for_what_speculation_settles_at(monkeypatch, 
     # EAGLE-3 settles at, over their Beta spreads), and taken as it is that breaks the lockstep
     # (simulated, 2026-12-01: 0.896 and 0.901 of the switching server's best; settled 0.933 and 0.959).
     # Both arms without the merge credit (_merge), which came after.  A near tie: one simulator
-    # seed's path moves by 2-3% with any change nearby, so the mean of five seeds is judged
-    # (2026-12-06: settled 0.939 and 0.930, taken as sampled 0.926 and 0.919).
+    # seed's path moves by 2-6% with any change nearby, so the mean of twelve seeds is judged
+    # (2026-12-06, five seeds: settled 0.939 and 0.930, taken as sampled 0.926 and 0.919; on
+    # 2026-12-07 five seeds read 0.917 and 0.921 against 0.906 and 0.916, twelve 0.932 and
+    # 0.933 against 0.912 and 0.917).
     m = member(0, index)
     arm = "policy:goodput:merge=0"
     work = level_requests(m, c)
 
     def mean_ratio(arm):
         out = []
-        for seed in range(5):
+        for seed in range(12):
             best = max(simulate_level(m.profile(), a, c, seed=seed, **work)[0]["output_throughput"]
                        for a in ("policy:never", "eagle3"))
             out.append(simulate_level(m.profile(), arm, c, seed=seed, **work)[0]["output_throughput"] / best)
@@ -142,7 +144,7 @@ def test_a_first_wave_is_not_taken_for_what_speculation_settles_at(monkeypatch, 
 
     settled = mean_ratio(arm)
     with monkeypatch.context() as mp:  # the control: acceptance taken as sampled
-        mp.setattr(Goodput, "_settled", lambda self, a, f, regime=1.0: a)
+        mp.setattr(Goodput, "_settled", lambda self, a, f, regime=1.0, scale=1.0: a)
         sampled = mean_ratio(arm)
     assert settled >= 0.925 and settled >= sampled + 0.01, (settled, sampled)
 

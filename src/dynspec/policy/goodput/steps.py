@@ -33,11 +33,12 @@ candidates.
 - While Goodput decodes plainly in a bucket, a K not yet run there whose estimate beats the
   plain step is probed from plain (each at most once per bucket): otherwise a K that would
   pay is never measured where speculating at the chosen K loses.
-- At batch 1 (up to OWN_K_UP_TO) K is chosen for the request running, not the population: its
-  per-position rates are the population's scaled by one factor, the one that gives Goodput's
-  estimate of the request's own accepted drafts (shrunk to the arrivals' by how much requests
-  differ).  A request that accepts more gains most at the deep positions (the chain is a
-  product), so its K is longer; a new request starts from the population's K.
+- At batch 1 (up to OWN_K_UP_TO) K is chosen for the request running, not the population:
+  its chain is the geometric one at its own rate, weighed against the population's as
+  Goodput weighs its own accepted drafts against the arrivals' (n / (n + S), S by how much
+  requests differ).  A request that accepts more gains most at the deep positions (the chain
+  is a product), so its K is longer; a new request starts from the population's K.  When K
+  moves, the request's draws so far move by its own chain, the rest by the population's.
 - K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
   are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
   is read into the counts, then about SAMPLES / UPDATE_EVERY requests a step (every step below
@@ -99,6 +100,16 @@ SETTLE_MOVE = 0.002  # survival at positions 1 and 2 moved this much: the factor
 _OWN_K_BUCKETS = _BUCKETS[OWN_K_UP_TO] + 1
 
 
+def _chain(p: float, n: int) -> list[float]:
+    """E[accepted | K] for K = 0..n of a request accepting each draft with probability p."""
+    out, e, x = [0.0], 0.0, 1.0
+    for _ in range(n):
+        x *= p
+        e += x
+        out.append(e)
+    return out
+
+
 def _line(pts: list[tuple[int, float]], t0: float | None, k: int) -> float | None:
     """t(K) for a K not measured (GoodputK.cost), from the measured points and the plain step."""
     if len(pts) < 2:
@@ -140,6 +151,7 @@ class GoodputK(Policy):
         self._by_k = False  # candidates set and K chosen locally
         self._own_key: tuple | None = None  # _request_cum's last inputs and answer
         self._own_cum: list[float] = []
+        self._own_geo: list[float] = []  # the running request's own chain (_request_cum)
         self._own_batch: object = None  # the requests K was last chosen for (Goodput._batch)
         self._settle: dict[int, tuple] = {}  # _settled's inputs and answer, by the K settled at
         # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
@@ -313,40 +325,42 @@ class GoodputK(Policy):
         return hit[2]
 
     def _request_cum(self, b: int) -> list[float]:
-        """E[accepted | K] for the requests running now in bucket b (ids told, up to OWN_K_UP_TO):
-        Goodput's estimate of their accepted drafts at the bucket's K against the population's
-        (a ratio r, 1 until a request has told something of its own), and every K's as the
-        population's position rates scaled by one factor s, capped at 1, that gives r times the
-        population's at the bucket's K.  (A request that accepts more than most does so at every
-        position, and its deeper positions gain most: the chain is a product.)"""
+        """E[accepted | K] for the request running now in bucket b (its id told, up to
+        OWN_K_UP_TO): what Goodput reads of it, its own accepted drafts so far weighed against
+        the population's by n / (n + S) (Goodput._own_draws), taken at every K.  A request
+        accepts each draft at a rate of its own, so its own part is the geometric chain at the
+        rate that gives its mean at the K it ran; the rest is the population's chain, whose
+        shape, a mix of rates, rises with depth as the slow requests drop out.  At the bucket's
+        K the two give about Goodput's estimate of the request (it shrinks to the arrivals'
+        mean, this to the position counts'); a request not yet read is the population's.
+        (Scaling the population's position rates by one factor, capped at 1, a request at
+        twice the population's rate at K = 1 read as sure at every depth.)"""
         g, cum = self.inner, self._cum
-        own, pop = g._accepted(b), g._population(b, 0.0)  # (the mean _accepted shrinks to)
         cur = self.k_cur[b]
-        if own is None or not pop or cur <= 0 or abs(own - pop) < 1e-9 * pop:
+        own = g._own_draws(b) if cur > 0 else None
+        if own is None:
             return cum
-        key = (own, pop, cum[cur])
+        mean, w = own
+        key = (mean, w, cum[cur])
         if key == self._own_key:
             return self._own_cum
-        surv, target = self._surv, own / pop * cum[cur]
-        q = [surv[0], *(surv[i] / surv[i - 1] if surv[i - 1] > 0.0 else 0.0 for i in range(1, len(surv)))]
-
-        def chain(s: float, k: int) -> list[float]:
-            out, p, e = [0.0], 1.0, 0.0
-            for j in range(k):
-                x = q[j] * s
-                p *= x if x < 1.0 else 1.0
-                e += p
-                out.append(e)
-            return out
-
-        lo, hi = 0.0, 1.0 / max(min(q[:cur]), 1e-3)  # from s = hi on, every position is sure
-        for _ in range(40):  # bisection on s: E[accepted | cur] grows with it
-            mid = 0.5 * (lo + hi)
-            if chain(mid, cur)[cur] < target:
-                lo = mid
-            else:
-                hi = mid
-        self._own_key, self._own_cum = key, chain(0.5 * (lo + hi), len(q))
+        p = 1.0
+        if mean < cur:  # the rate p with p + p^2 + ... + p^cur = mean (bisection: it grows with p)
+            lo, hi = 0.0, 1.0
+            for _ in range(40):
+                p = 0.5 * (lo + hi)
+                x, total = 1.0, 0.0
+                for _ in range(cur):
+                    x *= p
+                    total += x
+                if total < mean:
+                    lo = p
+                else:
+                    hi = p
+            p = 0.5 * (lo + hi)
+        geo = _chain(p, len(cum) - 1)
+        self._own_key, self._own_geo = key, geo
+        self._own_cum = [w * e + (1.0 - w) * c for e, c in zip(geo, cum)]
         return self._own_cum
 
     def _choose(self, b: int, after_probe: bool = False) -> None:
@@ -368,8 +382,12 @@ class GoodputK(Policy):
 
     def _switch(self, b: int, old: int, new: int) -> None:
         """K* moved: Goodput's estimates for the bucket become the new K's."""
-        self.k_cur[b] = new
         g, cum = self.inner, self._cum
+        # at batch 1 the running request's own draws move by its own chain (read before K moves)
+        own = cum
+        if b < _OWN_K_BUCKETS and g._batch_bucket == b and self._request_cum(b) is not cum:
+            own = self._own_geo
+        self.k_cur[b] = new
         e_old, e_new = cum[old], cum[new]
         a = g.acc_est[b]
         if a is not None and e_old > 0.0:
@@ -380,10 +398,12 @@ class GoodputK(Policy):
         # spread measured at K = 5 would have the slow requests linger far more than they can
         # (_settled), and speculation there look like a loss.  The spread between requests is
         # kept in the server's own K's unit and each bucket reads it at its K (_scales); the
-        # running requests' own draws, and the spread within one, follow the K where the server
-        # runs now, as the means do (to first order, in proportion).
+        # departed requests' mean and the spread within one follow the K where the server runs
+        # now, as the means do (to first order, in proportion), and at batch 1 the running
+        # request's own draws follow its own chain (with the population's, a request moved from
+        # K = 5 to K = 1 kept the accepted drafts of a richer one, and the reverse).
         if e_old > 0.0 and b == g._last_b:
-            g.rescale_requests(e_new / e_old)
+            g.rescale_requests(e_new / e_old, own[new] / own[old] if own[old] > 0.0 else None)
         self._scales()
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
