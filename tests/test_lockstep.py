@@ -132,14 +132,16 @@ def test_where_finishes_come_apart_a_smaller_lead_lets_a_winning_draft_run(index
     # Output lengths in [0.5, 1] x: finishes come at random.  EAGLE-3 wins by 6-12% here, and
     # goodput asking its full 5% lead of every step gave up 3.5-4.5% of it (simulated; that
     # behaviour is the spec lead_apart=0.05,merge=0; the prefills a spec step merges (_merge)
-    # recover part of it too).
+    # recover part of it too).  Since 2026-12-07 the lead counts at the decode steps' share of
+    # a step's cost, so where prefills weigh the full lead costs less (0:152 at C=31: 0.988 of
+    # EAGLE-3, goodput 0.995).
     m = member(0, index)
     never, _ = _level(m, c, "policy:never", 0.5)
     eagle3, _ = _level(m, c, "eagle3", 0.5)
     dynamic, eng = _level(m, c, "dynamic", 0.5)
     full, _ = _level(m, c, "policy:goodput:lead_apart=0.05,merge=0", 0.5)
     assert eagle3 > 1.05 * never
-    assert dynamic >= 0.97 * eagle3 and dynamic >= full + 0.01 * eagle3, (dynamic / eagle3, full / eagle3)
+    assert dynamic >= 0.97 * eagle3 and dynamic >= full + 0.005 * eagle3, (dynamic / eagle3, full / eagle3)
     assert eng.policy.prefill_estimates()["lead"] < 0.04
 
 
@@ -235,21 +237,20 @@ def test_where_finishes_come_apart_a_spec_step_is_credited_the_prefills_it_merge
     assert long.prefill_estimates()["lockstep"] is False and long._prefills(b, acc, tp, ts) == 0.0
 
 
-def test_a_winning_draft_at_high_load_is_not_lost_to_the_prefills_it_merges(monkeypatch):
+def test_a_winning_draft_at_high_load_is_not_lost_to_the_prefills_it_merges():
     """Member 0:181 at C=255, output lengths in [0.5, 1] x: EAGLE-3 beats plain by 7% over the
     level, though per decode step by only 2-3%; the rest is prefill forwards, 1461 against 2430
     (a spec step's finishes prefill together).  Judging decode steps alone, goodput speculated on
     a seventh of the steps (simulated: 0.976 and 0.963 of max(never, EAGLE-3) on seeds 0 and 1);
-    counting the merge, it stays with EAGLE-3."""
+    counting the merge, it stays with EAGLE-3.  Since 2026-12-07 the merge and the lead count at
+    the decode steps' share of a step's cost (a spec step's share of the prefills in it): the
+    merge credit is a fifth of what it was where prefills are most of the work, and goodput with
+    `merge=0` keeps EAGLE-3 here too (1.004 of it, against 0.999 with the merge), so the level,
+    not a control, is what is held."""
     m, c = member(0, 181), 255
     eagle3, _ = _level(m, c, "eagle3", 0.5)
     never, _ = _level(m, c, "policy:never", 0.5)
     dynamic, eng = _level(m, c, "dynamic", 0.5)
-    # The control judges decode steps alone: no merge credit, nor the prefills' measured overhead
-    # per request (Goodput._costs), which alone also counts most of what merging saves.
-    with monkeypatch.context() as mp:
-        mp.setattr(Goodput, "_costs", lambda self, b, acc, tp, ts: (tp, ts))
-        control, ctl = _level(m, c, "policy:goodput:merge=0", 0.5)
     assert eagle3 > 1.05 * never
-    assert dynamic >= 0.99 * eagle3 and control < dynamic - 0.005 * eagle3, (dynamic / eagle3, control / eagle3)
-    assert eng.stats.spec_step_fraction > 0.5 > ctl.stats.spec_step_fraction
+    assert dynamic >= 0.99 * eagle3, dynamic / eagle3
+    assert eng.stats.spec_step_fraction > 0.5
