@@ -349,11 +349,7 @@ class GoodputK(Policy):
             lo, hi = 0.0, 1.0
             for _ in range(40):
                 p = 0.5 * (lo + hi)
-                x, total = 1.0, 0.0
-                for _ in range(cur):
-                    x *= p
-                    total += x
-                if total < mean:
+                if _chain(p, cur)[cur] < mean:
                     lo = p
                 else:
                     hi = p
