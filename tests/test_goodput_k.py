@@ -360,7 +360,7 @@ def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
     g._surv = g._survival()
     g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
     for own, deeper in ((2.8, True), (0.8, False)):
-        monkeypatch.setattr(g.inner, "_own_draws", lambda b, own=own: (own, 0.5))
+        monkeypatch.setattr(g.inner, "_own_draws", lambda b, own=own: [(own, 0.5)])
         cum = g._request_cum(0)
         assert (cum[7] - cum[3] > g._cum[7] - g._cum[3]) is deeper
         assert cum[3] == pytest.approx(0.5 * own + 0.5 * g._cum[3], rel=1e-4)  # Goodput's estimate of it
@@ -495,7 +495,7 @@ def test_own_k_study_runs_both_ways_and_refuses_bad_input(capsys):
     assert mod.main(["--family", "2718", "--members", "22-22", "--concurrency", "1"]) == 0
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("2718:22"))
-    assert float(row[2]) > float(row[1]) + 0.02 and steps._OWN_K_BUCKETS == 1
+    assert float(row[2]) > float(row[1]) + 0.02 and steps._OWN_K_BUCKETS == steps._BUCKETS[steps.OWN_K_UP_TO] + 1
     assert "better by > 0.5% at 1, worse at 0 of 1" in out
     for bad in (["--members", "5-2"], ["--concurrency", "0"]):
         with pytest.raises(SystemExit):
@@ -584,11 +584,82 @@ def test_at_batch_one_a_request_that_accepts_more_is_a_geometric_chain_not_a_sur
     g._surv = g._survival()
     g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
     g.k_cur[0] = 1
-    g.inner._own_draws = lambda b: (0.9, 0.75)  # its own mean at K = 1, weighed 3:1 against the arrivals'
+    g.inner._own_draws = lambda b: [(0.9, 0.75)]  # its own mean at K = 1, weighed 3:1 against the arrivals'
     cum = g._request_cum(0)
     for k in (1, 3, 7):  # its own part the geometric chain at its rate, the rest the population's
         own = sum(0.9 ** i for i in range(1, k + 1))
         assert cum[k] == pytest.approx(0.75 * own + 0.25 * g._cum[k], rel=1e-6)
     assert cum[7] < 0.8 * 7  # not sure at every depth
-    g.inner._own_draws = lambda b: None  # nothing told yet: the population's
+    g.inner._own_draws = lambda b: [None]  # nothing told yet: the population's
     assert g._request_cum(0) is g._cum
+
+
+def _with_counts(q: list[float], seen: float, behind: float) -> tuple[GoodputK, int]:
+    """goodput-k at K = 1 in the bucket of batch 16, positions accepted at rates q from `seen`
+    request-samples on, steps of K = 0 / 1 measured at 8 / 10 ms and K = 3's at the time that
+    puts its estimate `behind` K = 1's (0.99: 1% behind)."""
+    from dynspec.policy.buckets import bucket_of
+
+    g = build_policy("goodput-k")
+    g.set_candidate_steps([0, 1, 3, 5, 7], 3)
+    g.tried, g.seen = [seen] * 7, [seen] * 7
+    g.kept, n = [], seen
+    for x in q:  # each position's samples are those the one before kept
+        g.kept.append(n * x)
+        n *= x
+    g.tried = [seen] + [k for k in g.kept[:-1]]
+    g.seen = list(g.tried)
+    g._surv = g._survival()
+    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    b = bucket_of(16)
+    g.k_cur[b] = 1
+    g.t_k[b][0], g.t_k[b][1], g.t_k[b][3] = 0.008, 0.010, 0.012
+    r = g.rates(b)
+    g.t_k[b][3] = 0.012 * r[3] / r[1] / behind
+    return g, b
+
+
+def test_probes_of_a_runner_up_within_the_counts_noise_do_not_thin_out():
+    """Member 8191:142 at C=5 (K = 3 best): the second position rested on the few samples K = 3's
+    probes gave and read low, K = 3 looked about 1% behind K = 1, and every probe that
+    "confirmed" K = 1 doubled the interval between probes up to 768 spec steps, which starved
+    that position of samples and froze the reading (0.979 of the best static K).  The interval
+    now doubles only while the runner-up trails by PROBE_Z of its standard errors."""
+    from dynspec.policy.goodput import steps
+
+    q = [0.55, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    tie, b = _with_counts(q, 60.0, 0.99)  # K = 3 1% behind, on tens of samples
+    r = tie.rates(b)
+    assert r[3] / r[1] == pytest.approx(0.99)
+    tie._probe_iv[b] = 2 * steps.PROBE_MIN
+    tie._choose(b, after_probe=True)
+    assert tie.k_cur[b] == 1 and tie._probe_iv[b] == steps.PROBE_MIN
+    clear, b = _with_counts(q, 5000.0, 0.9)  # well behind, on thousands
+    clear._probe_iv[b] = steps.PROBE_MIN
+    clear._choose(b, after_probe=True)
+    assert clear.k_cur[b] == 1 and clear._probe_iv[b] == 2 * steps.PROBE_MIN
+    assert _share_of_best_static_k(8191, 142, 5, 4) >= 0.99
+
+
+def test_at_small_batches_k_follows_the_running_requests_own_acceptance():
+    """Member 8191:85 at C=2 (requests differ: concentration 4.9; K = 5 the best static K): with
+    the population's K for a batch of two, goodput-k kept 0.991 of the best static K where SGLang
+    0.5.23's tiers, moving K with the acceptance of the requests running, reached 1.008.  Up to
+    OWN_K_UP_TO requests, K is chosen for the mean of each request's own chain."""
+    from dynspec.policy.buckets import bucket_of
+
+    assert _share_of_best_static_k(8191, 85, 2, 4) >= 1.0
+    g = build_policy("goodput-k")
+    g.set_candidate_steps([0, 1, 3, 5, 7], 3)
+    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6)]
+    g._surv = g._survival()
+    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    b = bucket_of(2)
+    g.inner._batch = ("fast", "slow")
+    g.inner._own_draws = lambda b: [(2.7, 0.8), (0.3, 0.8)]  # their own means at K = 3
+    cum = g._request_cum(b)
+    for k in (1, 3, 7):  # the mean of the two, each its own chain blended with the population's
+        fast = sum(g._own_rate(2.7, 3) ** i for i in range(1, k + 1))
+        slow = sum(g._own_rate(0.3, 3) ** i for i in range(1, k + 1))
+        assert cum[k] == pytest.approx(0.5 * (0.8 * (fast + slow) + 0.4 * g._cum[k]), rel=1e-6)
+    assert cum[3] == pytest.approx(0.5 * (0.8 * 3.0 + 0.4 * g._cum[3]), rel=1e-4)

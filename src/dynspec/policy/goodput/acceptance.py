@@ -90,19 +90,20 @@ class AcceptanceEstimates(GoodputBase):
             self._batch_acc = total / len(batch)
         return self._batch_acc
 
-    def _own_draws(self, b: int) -> tuple[float, float] | None:
-        """For a batch of one request in bucket b: its own mean accepted drafts so far and the
-        weight _accepted gives them, n / (n + S), against the arrivals' mean; None while it has
-        told nothing, or while how requests differ is not yet measured (then _accepted is the
-        population's)."""
+    def _own_draws(self, b: int) -> list[tuple[float, float] | None] | None:
+        """For the batch of requests told by id in bucket b: each one's own mean accepted drafts
+        so far and the weight _accepted gives them, n / (n + S), against the arrivals' mean (None
+        for one that has told nothing); None while how requests differ is not yet measured (then
+        _accepted is the population's)."""
         batch, wi, bt = self._batch, self._var_within, self._var_between
-        if batch is None or len(batch) != 1 or b != self._batch_bucket or wi is None or bt is None or bt <= 0.0:
-            return None
-        s = self._req.get(batch[0])
-        if s is None or s[2] <= 0.0:
+        if batch is None or b != self._batch_bucket or wi is None or bt is None or bt <= 0.0:
             return None
         shrink = max(wi / (bt * self._acc_scale[b] ** 2), self.SHRINK_MIN)
-        return s[0] / s[2], s[2] / (s[2] + shrink)
+        req, out = self._req, []
+        for rid in batch:
+            s = req.get(rid)
+            out.append(None if s is None or s[2] <= 0.0 else (s[0] / s[2], s[2] / (s[2] + shrink)))
+        return out
 
     def _population(self, b: int, regime: float = 1.0) -> float | None:
         """Accepted drafts per request in bucket b over whichever requests ran there, in a batch
@@ -151,13 +152,13 @@ class AcceptanceEstimates(GoodputBase):
         if self._var_between is not None:
             self._refresh(b)
 
-    def rescale_requests(self, r: float, own: float | None = None) -> None:
+    def rescale_requests(self, r: float, own: dict | None = None) -> None:
         """The draft length changed: accepted drafts scale by r (to first order), so do what
-        the running requests accepted so far (by `own` where their own chain is known), the
-        departed ones' mean and the spread within a request (the spread between requests is
+        the running requests accepted so far (by own[id] where a request's own chain is known),
+        the departed ones' mean and the spread within a request (the spread between requests is
         kept in one unit: _acc_scale)."""
-        o = r if own is None else own
-        for s in self._req.values():
+        for rid, s in self._req.items():
+            o = r if own is None else own.get(rid, r)
             s[0] *= o
             s[1] *= o * o
         if self._departed_mean is not None:

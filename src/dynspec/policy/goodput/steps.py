@@ -25,7 +25,10 @@ candidates.
   deeper positions' acceptance are measured.  The first comes after PROBE_FIRST speculative
   steps of a bucket, the next as soon again while it went to a K not run before; then the
   interval doubles while probes confirm the choice, from PROBE_MIN up to PROBE_MAX spec steps
-  of the bucket.  A probe goes to the largest K above the chosen one not yet run in the bucket
+  of the bucket, but only while the runner-up trails by PROBE_Z of its standard errors: where the
+  two are within the position counts' noise the probes stay at PROBE_MIN (the counts of a deep
+  position come from probes alone while a shorter K runs, and thinning the probes would starve
+  them and freeze a wrong reading).  A probe goes to the largest K above the chosen one not yet run in the bucket
   whose estimate beats the chosen one's (or that has none yet), since one run there measures
   every position up to it and the cost line's far end; else to a K below not yet run whose
   estimate beats it; else to the runner-up, the K whose estimate is nearest to overtaking.
@@ -72,6 +75,7 @@ from dynspec.policy.sync import SyncSchedule
 
 PROBE_STEPS = 3  # a probe's steps: the first after a change of K is not a steady one
 PROBE_MIN, PROBE_MAX = 48, 768  # spec steps in a bucket between probes of another K
+PROBE_Z = 2.0  # standard errors the runner-up must trail by before probes of it thin out
 PROBE_FIRST = 4  # spec steps of a bucket before its first probe: a few of the chosen K, timed, first
 MIN_TRIED = 8.0  # request-samples at position 1 before acceptance by position chooses K
 YOUNG = 64.0  # below this many samples at position 1, every speculative step is counted
@@ -92,7 +96,7 @@ ALPHA = 0.1  # EMA weight of a steady step's time
 LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's K accepts
 # Batch sizes up to this choose K for their own requests' acceptance (_request_cum), not the
 # population's: at batch 1 the one request decides what a deeper chain earns.
-OWN_K_UP_TO = 1
+OWN_K_UP_TO = 4
 # Above that, each K's estimate is for the batch it would settle into, where requests that accept
 # much leave sooner under a long chain (settle.py), not for the batch as it is at the running K.
 SETTLE = True
@@ -139,6 +143,7 @@ class GoodputK(Policy):
         self.k_cur = [0] * n
         self.tried: list[float] = []  # decayed counts by position (0: the first draft)
         self.kept: list[float] = []
+        self.seen: list[float] = []  # the same counts, each request-sample once (not as the steps it stands for)
         self._spec_n = [0] * n  # speculative decisions per bucket
         self._next_probe = [PROBE_FIRST] * n
         self._probe_iv = [PROBE_MIN] * n
@@ -151,7 +156,8 @@ class GoodputK(Policy):
         self._by_k = False  # candidates set and K chosen locally
         self._own_key: tuple | None = None  # _request_cum's last inputs and answer
         self._own_cum: list[float] = []
-        self._own_geo: list[float] = []  # the running request's own chain (_request_cum)
+        self._own_geo: dict = {}  # the running requests' own chains by id (_request_cum)
+        self._rate_cache: dict[tuple[float, int], float] = {}  # _own_rate's answers
         self._own_batch: object = None  # the requests K was last chosen for (Goodput._batch)
         self._settle: dict[int, tuple] = {}  # _settled's inputs and answer, by the K settled at
         # What the server calls on every step goes straight to Goodput (no frame of ours: policy bench).
@@ -166,7 +172,7 @@ class GoodputK(Policy):
         super().set_candidate_steps(steps, on_steps)
         self._pos = [k for k in self.candidate_steps if k > 0]
         kmax = self._pos[-1]
-        self.tried, self.kept = [0.0] * kmax, [0.0] * kmax
+        self.tried, self.kept, self.seen = [0.0] * kmax, [0.0] * kmax, [0.0] * kmax
         self._surv = self._survival()
         self._cum = [0.0, *(sum(self._surv[:i]) for i in range(1, kmax + 1))]
         self.t_k = [[None] * (kmax + 1) for _ in range(len(BUCKET_EDGES))]
@@ -325,39 +331,57 @@ class GoodputK(Policy):
         return hit[2]
 
     def _request_cum(self, b: int) -> list[float]:
-        """E[accepted | K] for the request running now in bucket b (its id told, up to
-        OWN_K_UP_TO): what Goodput reads of it, its own accepted drafts so far weighed against
-        the population's by n / (n + S) (Goodput._own_draws), taken at every K.  A request
-        accepts each draft at a rate of its own, so its own part is the geometric chain at the
-        rate that gives its mean at the K it ran; the rest is the population's chain, whose
-        shape, a mix of rates, rises with depth as the slow requests drop out.  At the bucket's
-        K the two give about Goodput's estimate of the request (it shrinks to the arrivals'
-        mean, this to the position counts'); a request not yet read is the population's.
-        (Scaling the population's position rates by one factor, capped at 1, a request at
-        twice the population's rate at K = 1 read as sure at every depth.)"""
+        """E[accepted | K] per request of the batch running now in bucket b (their ids told, up
+        to OWN_K_UP_TO): what Goodput reads of each, its own accepted drafts so far weighed
+        against the population's by n / (n + S) (Goodput._own_draws), taken at every K.  A
+        request accepts each draft at a rate of its own, so its own part is the geometric chain
+        at the rate that gives its mean at the K it ran; the rest is the population's chain,
+        whose shape, a mix of rates, rises with depth as the slow requests drop out.  At the
+        bucket's K the two give about Goodput's estimate of the request (it shrinks to the
+        arrivals' mean, this to the position counts'); a request not yet read is the
+        population's.  (Scaling the population's position rates by one factor, capped at 1, a
+        request at twice the population's rate at K = 1 read as sure at every depth.)"""
         g, cum = self.inner, self._cum
         cur = self.k_cur[b]
         own = g._own_draws(b) if cur > 0 else None
-        if own is None:
+        if own is None or not any(own):
             return cum
-        mean, w = own
-        key = (mean, w, cum[cur])
+        key = (tuple(own), cum[cur])
         if key == self._own_key:
             return self._own_cum
+        n, m = len(cum), len(own)
+        total, geos = [0.0] * n, {}
+        for rid, x in zip(g._batch or range(len(own)), own):
+            if x is None:
+                total = [t + c for t, c in zip(total, cum)]
+                continue
+            mean, w = x
+            geo = geos[rid] = _chain(self._own_rate(mean, cur), n - 1)
+            total = [t + w * e + (1.0 - w) * c for t, e, c in zip(total, geo, cum)]
+        self._own_key, self._own_geo = key, geos
+        self._own_cum = [t / m for t in total]
+        return self._own_cum
+
+    def _own_rate(self, mean: float, k: int) -> float:
+        """The rate p with p + p^2 + ... + p^k = mean (bisection: it grows with p), cached."""
+        key = (mean, k)
+        p = self._rate_cache.get(key)
+        if p is not None:
+            return p
         p = 1.0
-        if mean < cur:  # the rate p with p + p^2 + ... + p^cur = mean (bisection: it grows with p)
+        if mean < k:
             lo, hi = 0.0, 1.0
-            for _ in range(40):
+            for _ in range(30):
                 p = 0.5 * (lo + hi)
-                if _chain(p, cur)[cur] < mean:
+                if _chain(p, k)[k] < mean:
                     lo = p
                 else:
                     hi = p
             p = 0.5 * (lo + hi)
-        geo = _chain(p, len(cum) - 1)
-        self._own_key, self._own_geo = key, geo
-        self._own_cum = [w * e + (1.0 - w) * c for e, c in zip(geo, cum)]
-        return self._own_cum
+        if len(self._rate_cache) > 256:
+            self._rate_cache.clear()
+        self._rate_cache[key] = p
+        return p
 
     def _choose(self, b: int, after_probe: bool = False) -> None:
         if self.tried[0] < MIN_TRIED:  # position 1 barely seen: the estimates are the prior's
@@ -374,15 +398,42 @@ class GoodputK(Policy):
             if b >= _OWN_K_BUCKETS:  # (below, each request moves K: no news about the K not run)
                 self._probe_iv[b] = PROBE_MIN
         elif after_probe:
-            self._probe_iv[b] = min(2 * self._probe_iv[b], PROBE_MAX)
+            others = [(r, k) for k, r in rates.items() if k != cur and r is not None]
+            trails = not others or self._z(rates, cur, max(others)[1]) >= PROBE_Z
+            self._probe_iv[b] = min(2 * self._probe_iv[b], PROBE_MAX) if trails else PROBE_MIN
+
+    def _z(self, rates: dict[int, float | None], a: int, b: int) -> float:
+        """By how many standard errors K = a's estimate leads K = b's (negative: trails), the
+        uncertainty being the position rates' (binomial over the request-samples each rests on,
+        the prior's pseudo-counts included); the step times count as known.  d ln(r_a / r_b) /
+        d q_j = (sum of S_i over positions j..a) / (q_j (1 + E[acc | a])) less the same for b,
+        so positions both chains share mostly cancel."""
+        ra, rb = rates.get(a), rates.get(b)
+        if ra is None or rb is None:
+            return 0.0
+        surv, seen, cum = self._surv, self.seen, self._cum
+        ea, eb = 1.0 + cum[a], 1.0 + cum[b]
+        var = tail_a = tail_b = 0.0
+        for j in range(min(max(a, b), len(surv)) - 1, -1, -1):
+            s = surv[j]
+            if j < a:
+                tail_a += s
+            if j < b:
+                tail_b += s
+            q = s / surv[j - 1] if j else s
+            if 0.0 < q < 1.0:
+                d = (tail_a / ea - tail_b / eb) / q
+                var += d * d * q * (1.0 - q) / (seen[j] + PRIOR_N)
+        lead = math.log(ra / rb)
+        return lead / math.sqrt(var) if var > 0.0 else math.copysign(math.inf, lead)
 
     def _switch(self, b: int, old: int, new: int) -> None:
         """K* moved: Goodput's estimates for the bucket become the new K's."""
         g, cum = self.inner, self._cum
-        # at batch 1 the running request's own draws move by its own chain (read before K moves)
-        own = cum
+        # at small batches each running request's draws move by its own chain (read before K moves)
+        own = None
         if b < _OWN_K_BUCKETS and g._batch_bucket == b and self._request_cum(b) is not cum:
-            own = self._own_geo
+            own = {rid: geo[new] / geo[old] for rid, geo in self._own_geo.items() if geo[old] > 0.0}
         self.k_cur[b] = new
         e_old, e_new = cum[old], cum[new]
         a = g.acc_est[b]
@@ -395,11 +446,11 @@ class GoodputK(Policy):
         # (_settled), and speculation there look like a loss.  The spread between requests is
         # kept in the server's own K's unit and each bucket reads it at its K (_scales); the
         # departed requests' mean and the spread within one follow the K where the server runs
-        # now, as the means do (to first order, in proportion), and at batch 1 the running
+        # now, as the means do (to first order, in proportion), and at small batches each running
         # request's own draws follow its own chain (with the population's, a request moved from
         # K = 5 to K = 1 kept the accepted drafts of a richer one, and the reverse).
         if e_old > 0.0 and b == g._last_b:
-            g.rescale_requests(e_new / e_old, own[new] / own[old] if own[old] > 0.0 else None)
+            g.rescale_requests(e_new / e_old, own)
         self._scales()
         t = self.cost(b, new)
         if t is not None and g.t_est[1][b] is not None:
@@ -497,12 +548,13 @@ class GoodputK(Policy):
         n = len(accepted)
         sample = accepted[:: (n + SAMPLES - 1) // SAMPLES] if n > SAMPLES else accepted  # at most SAMPLES
         hist = [sample.count(i) for i in range(k)]  # requests that accepted exactly i drafts
-        tried, kept, reach = self.tried, self.kept, len(sample)
+        tried, kept, seen, reach = self.tried, self.kept, self.seen, len(sample)
         d = (1.0 - 1.0 / MEMORY) ** (steps * reach)
         for i in range(k if k <= len(tried) else len(tried)):
             nxt = reach - hist[i]  # samples that went past position i+1
             tried[i] = tried[i] * d + steps * reach
             kept[i] = kept[i] * d + steps * nxt
+            seen[i] = seen[i] * d + reach
             reach = nxt
         self._surv = self._survival()
         e, cum = 0.0, [0.0]
