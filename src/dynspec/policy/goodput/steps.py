@@ -363,21 +363,28 @@ class GoodputK(Policy):
         return self._own_cum
 
     def _own_rate(self, mean: float, k: int) -> float:
-        """The rate p with p + p^2 + ... + p^k = mean (bisection: it grows with p), cached."""
+        """The rate p with p + p^2 + ... + p^k = mean, cached.  Newton's method from the infinite
+        chain's rate mean / (1 + mean), which lies at or below it: the sum is convex in p, so
+        the first step lands above the root and the rest fall to it from above."""
         key = (mean, k)
         p = self._rate_cache.get(key)
         if p is not None:
             return p
-        p = 1.0
-        if mean < k:
-            lo, hi = 0.0, 1.0
-            for _ in range(30):
-                p = 0.5 * (lo + hi)
-                if _chain(p, k)[k] < mean:
-                    lo = p
-                else:
-                    hi = p
-            p = 0.5 * (lo + hi)
+        if mean >= k or mean <= 0.0:
+            p = 1.0 if mean >= k else 0.0
+        else:
+            p = mean / (1.0 + mean)
+            for _ in range(40):
+                f = d = 0.0
+                x = 1.0
+                for i in range(1, k + 1):
+                    d += i * x
+                    x *= p
+                    f += x
+                step = (f - mean) / d
+                p -= step
+                if -1e-12 < step < 1e-12:
+                    break
         if len(self._rate_cache) > 256:
             self._rate_cache.clear()
         self._rate_cache[key] = p
