@@ -25,10 +25,10 @@ candidates.
   deeper positions' acceptance are measured.  The first comes after PROBE_FIRST speculative
   steps of a bucket, the next as soon again while it went to a K not run before; then the
   interval doubles while probes confirm the choice, from PROBE_MIN up to PROBE_MAX spec steps
-  of the bucket, but only while the runner-up trails by PROBE_Z of its standard errors: where the
-  two are within the position counts' noise the probes stay at PROBE_MIN (the counts of a deep
-  position come from probes alone while a shorter K runs, and thinning the probes would starve
-  them and freeze a wrong reading).  A probe goes to the largest K above the chosen one not yet run in the bucket
+  of the bucket, but only while the runner-up trails by PROBE_Z of its standard errors: within
+  the position counts' noise the probes stay at PROBE_MIN (while a shorter K runs, a deep
+  position's counts come from probes alone; thinning them would freeze a wrong reading).  A
+  probe goes to the largest K above the chosen one not yet run in the bucket
   whose estimate beats the chosen one's (or that has none yet), since one run there measures
   every position up to it and the cost line's far end; else to a K below not yet run whose
   estimate beats it; else to the runner-up, the K whose estimate is nearest to overtaking.
@@ -36,12 +36,13 @@ candidates.
 - While Goodput decodes plainly in a bucket, a K not yet run there whose estimate beats the
   plain step is probed from plain (each at most once per bucket): otherwise a K that would
   pay is never measured where speculating at the chosen K loses.
-- At batch 1 (up to OWN_K_UP_TO) K is chosen for the request running, not the population:
-  its chain is the geometric one at its own rate, weighed against the population's as
+- Up to batch OWN_K_UP_TO K is chosen for the requests running, not the population: each
+  one's chain is the geometric one at its own rate, weighed against the population's as
   Goodput weighs its own accepted drafts against the arrivals' (n / (n + S), S by how much
-  requests differ).  A request that accepts more gains most at the deep positions (the chain
-  is a product), so its K is longer; a new request starts from the population's K.  When K
-  moves, the request's draws so far move by its own chain, the rest by the population's.
+  requests differ), and K is priced on the mean of their chains.  A request that accepts more
+  gains most at the deep positions (the chain is a product), so its K is longer; a new request
+  starts from the population's.  When K moves, each request's draws so far move by its own
+  chain, the rest by the population's.
 - K is chosen only once position 1 has MIN_TRIED request-samples: before that the estimates
   are the prior's, not the requests'.  Until position 1 has YOUNG samples every speculative step
   is read into the counts, then about SAMPLES / UPDATE_EVERY requests a step (every step below
@@ -95,7 +96,7 @@ PRIOR_Q, PRIOR_N = 0.6, 2.0  # pseudo-counts for a position with few samples
 ALPHA = 0.1  # EMA weight of a steady step's time
 LEAD_BY_K = True  # the lead in proportion to the drafts a step at the bucket's K accepts
 # Batch sizes up to this choose K for their own requests' acceptance (_request_cum), not the
-# population's: at batch 1 the one request decides what a deeper chain earns.
+# population's: at a few requests, those running decide what a deeper chain earns.
 OWN_K_UP_TO = 4
 # Above that, each K's estimate is for the batch it would settle into, where requests that accept
 # much leave sooner under a long chain (settle.py), not for the batch as it is at the running K.
