@@ -215,9 +215,7 @@ def test_goodputs_own_probe_from_plain_runs_the_chosen_k_and_a_k_is_probed_from_
     for k in (1, 3, 5, 7):
         p.t_k[b][k] = None
     p.t_k[b][0], p.t_k[b][3] = 0.010, 0.014  # plain and the chosen K = 3 measured
-    p.tried, p.kept = [100.0] * 7, [90.0] * 7  # 90% per position: every K beats plain by far
-    p._surv = p._survival()
-    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    _set_counts(p, [100.0] * 7, [90.0] * 7)  # 90% per position: every K beats plain by far
     g = p.inner
     g.decide = lambda bs: True  # type: ignore[method-assign]
     p._inner_decide = g.decide
@@ -247,9 +245,7 @@ def test_with_one_k_run_in_a_plain_bucket_the_best_other_k_is_probed_from_plain(
         p.t_k[b][k] = None
     p.t_k[b][0], p.t_k[b][5] = 0.010, 0.045
     p.k_cur[b] = 5
-    p.tried, p.kept = [100.0] * 7, [60.0] * 7
-    p._surv = p._survival()
-    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    _set_counts(p, [100.0] * 7, [60.0] * 7)
     assert max(r for r in p.rates(b).values() if r is not None) < 100.0
     g = p.inner
     g.decide = lambda bs: False  # type: ignore[method-assign]
@@ -322,6 +318,13 @@ def test_ablation_switches_each_mechanism_off_for_its_own_runs_only(tmp_path, ca
     assert not (tmp_path / "bad.jsonl").exists()
 
 
+def _set_counts(g: GoodputK, tried: list[float], kept: list[float]) -> None:
+    """goodput-k's position counts set by hand, with the survival and running sums read from them."""
+    g.tried, g.kept = tried, kept
+    g._surv = g._survival()
+    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, len(g._surv) + 1))]
+
+
 def _share_of_best_static_k(seed: int, index: int, c: int, level_scale: int = 1) -> float:
     """goodput-k's steady output tok/s over the best static K's at one member-level of a family
     (five waves times level_scale, output lengths in [0.5, 1] x, as envelope.py --candidate-steps)."""
@@ -356,9 +359,7 @@ def test_at_batch_one_k_follows_the_requests_own_acceptance(monkeypatch):
 
     g = build_policy("goodput-k")
     g.set_candidate_steps([0, 1, 3, 5, 7], 3)
-    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.75, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7)]
-    g._surv = g._survival()
-    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    _set_counts(g, [100.0] * 7, [100.0 * q for q in (0.75, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7)])
     for own, deeper in ((2.8, True), (0.8, False)):
         monkeypatch.setattr(g.inner, "_own_draws", lambda b, own=own: [(own, 0.5)])
         cum = g._request_cum(0)
@@ -393,9 +394,7 @@ def test_each_bucket_reads_how_requests_differ_at_its_own_k():
     each bucket's own K, what a batch settles into stays within what its K can accept."""
     g = build_policy("goodput-k")
     g.set_candidate_steps([0, 1, 3, 5, 7], 3)
-    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.6, 0.65, 0.65, 0.65, 0.65, 0.65, 0.65)]
-    g._surv = g._survival()
-    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    _set_counts(g, [100.0] * 7, [100.0 * q for q in (0.6, 0.65, 0.65, 0.65, 0.65, 0.65, 0.65)])
     inner = g.inner
     inner._last_b = 0
     g._switch(11, 3, 1)  # bucket 64+ at K = 1, bucket 0 at the server's K = 3
@@ -536,9 +535,7 @@ def test_until_measured_a_requests_spread_is_the_chains_at_the_buckets_k():
     measurement stands."""
     p = policy()
     b = 7  # batch 16: above what Goodput measures request by request
-    p.tried, p.kept = [100.0] * 7, [60.0] * 7
-    p._surv = p._survival()
-    p._cum = [0.0, *(sum(p._surv[:i]) for i in range(1, 8))]
+    _set_counts(p, [100.0] * 7, [60.0] * 7)
     p.inner.t_est[0][b], p.inner.t_est[1][b] = 0.010, 0.020
     s = p._surv
     for k in (1, 5):
@@ -580,9 +577,7 @@ def test_at_batch_one_a_request_that_accepts_more_is_a_geometric_chain_not_a_sur
     assert _share_of_best_static_k(6151, 164, 1, 4) >= 0.99
     g = build_policy("goodput-k")
     g.set_candidate_steps([0, 1, 3, 5, 7], 2)
-    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.45, 0.6, 0.65, 0.7, 0.7, 0.7, 0.7)]
-    g._surv = g._survival()
-    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    _set_counts(g, [100.0] * 7, [100.0 * q for q in (0.45, 0.6, 0.65, 0.7, 0.7, 0.7, 0.7)])
     g.k_cur[0] = 1
     g.inner._own_draws = lambda b: [(0.9, 0.75)]  # its own mean at K = 1, weighed 3:1 against the arrivals'
     cum = g._request_cum(0)
@@ -602,15 +597,12 @@ def _with_counts(q: list[float], seen: float, behind: float) -> tuple[GoodputK, 
 
     g = build_policy("goodput-k")
     g.set_candidate_steps([0, 1, 3, 5, 7], 3)
-    g.tried, g.seen = [seen] * 7, [seen] * 7
-    g.kept, n = [], seen
+    kept, n = [], seen
     for x in q:  # each position's samples are those the one before kept
-        g.kept.append(n * x)
+        kept.append(n * x)
         n *= x
-    g.tried = [seen] + [k for k in g.kept[:-1]]
+    _set_counts(g, [seen, *kept[:-1]], kept)
     g.seen = list(g.tried)
-    g._surv = g._survival()
-    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
     b = bucket_of(16)
     g.k_cur[b] = 1
     g.t_k[b][0], g.t_k[b][1], g.t_k[b][3] = 0.008, 0.010, 0.012
@@ -651,9 +643,7 @@ def test_at_small_batches_k_follows_the_running_requests_own_acceptance():
     assert _share_of_best_static_k(8191, 85, 2, 4) >= 1.0
     g = build_policy("goodput-k")
     g.set_candidate_steps([0, 1, 3, 5, 7], 3)
-    g.tried, g.kept = [100.0] * 7, [100.0 * q for q in (0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6)]
-    g._surv = g._survival()
-    g._cum = [0.0, *(sum(g._surv[:i]) for i in range(1, 8))]
+    _set_counts(g, [100.0] * 7, [100.0 * q for q in (0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6)])
     b = bucket_of(2)
     g.inner._batch = ("fast", "slow")
     g.inner._own_draws = lambda b: [(2.7, 0.8), (0.3, 0.8)]  # their own means at K = 3
